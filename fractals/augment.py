@@ -1,0 +1,329 @@
+"""Image-level augmentations of the MoCo-v2 / SimSiam recipe as batched tensor ops, on any device.
+
+Chen et al., ICLR 2023, Appendix A: fractal pre-training applies the MoCo-v2 augmentations (Chen et al. 2020;
+SimSiam, Chen & He 2021) to every view: RandomResizedCrop with scale (0.2, 1), ColorJitter(0.4, 0.4, 0.4,
+0.1) with p = 0.8, grayscale with p = 0.2, Gaussian blur with p = 0.5, horizontal flip with p = 0.5, then
+normalisation with the ImageNet statistics.
+
+torchvision applies these per image; here each op is a function of a (B, 3, H, W) float batch and per-sample
+parameter tensors, so a batch costs a few tensor ops on whatever device it lives on. Each op matches
+torchvision's per-image definition (tests/test_augment.py checks them against torchvision). Deliberate
+differences: ColorJitter's random order of its four ops is drawn once per batch, not per image; the crop is
+a bilinear sample without antialiasing (as torchvision on tensors with antialias=False); the flip is folded
+into the crop, which is exact because blur and colour ops commute with a horizontal flip.
+
+All randomness comes from one ``torch.Generator``, drawn in a fixed order whatever the probabilities, so a
+seed fixes the output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+LUMA = (0.2989, 0.587, 0.114)  # ITU-R 601-2 luma weights, rounded as torchvision's tensor rgb_to_grayscale
+_HUE_OFFSETS = (5.0, 3.0, 1.0)  # sextant offsets of R, G, B in the HSV -> RGB formula
+_CROP_ATTEMPTS = 10  # candidate boxes per sample before the central fallback, as torchvision
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """MoCo-v2 / SimSiam augmentation parameters (Chen et al., ICLR 2023, Appendix A)."""
+
+    crop_scale: tuple[float, float] = (0.2, 1.0)  # crop area / image area, uniform (MoCo-v2 / SimSiam)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)  # crop width / height, log-uniform (torchvision default)
+    jitter: tuple[float, float, float, float] = (0.4, 0.4, 0.4, 0.1)  # brightness, contrast, saturation, hue
+    jitter_p: float = 0.8  # probability of colour jitter (MoCo-v2)
+    grayscale_p: float = 0.2  # probability of grayscale (MoCo-v2)
+    blur_p: float = 0.5  # probability of Gaussian blur (MoCo-v2)
+    blur_sigma: tuple[float, float] = (0.1, 2.0)  # blur sigma, px of the output, uniform (MoCo-v2 at 224 px)
+    blur_kernel: int | None = None  # px, odd; None: the odd number nearest 10% of the side (SimCLR App. A)
+    flip_p: float = 0.5  # probability of a horizontal flip
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # ImageNet statistics
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+    def __post_init__(self) -> None:
+        probs = (self.jitter_p, self.grayscale_p, self.blur_p, self.flip_p)
+        checks = {
+            "crop_scale must satisfy 0 < lo <= hi <= 1": 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1,
+            "crop_ratio must satisfy 0 < lo <= hi": 0 < self.crop_ratio[0] <= self.crop_ratio[1],
+            "jitter strengths must be >= 0, brightness/contrast/saturation <= 1, hue <= 0.5":
+                min(self.jitter) >= 0 and max(self.jitter[:3]) <= 1 and self.jitter[3] <= 0.5,
+            "probabilities must lie in [0, 1]": all(0 <= p <= 1 for p in probs),
+            "blur_sigma must satisfy 0 < lo <= hi": 0 < self.blur_sigma[0] <= self.blur_sigma[1],
+            "blur_kernel must be odd and >= 1": self.blur_kernel is None or self.blur_kernel % 2 == 1,
+            "std must be positive": min(self.std) > 0,
+        }
+        for message, ok in checks.items():
+            if not ok:
+                raise ValueError(f"AugmentConfig: {message} ({self})")
+
+
+def blur_kernel_size(side: int) -> int:
+    """The odd number nearest 10% of ``side``, at least 3 (SimCLR: 23 px at 224 px; 3 px at 32 px)."""
+    return max(3, 2 * math.floor(side / 20) + 1)
+
+
+def _col(v: Tensor, x: Tensor) -> Tensor:
+    """A per-sample parameter (B,) as (B, 1, 1, 1) in x's dtype and device, to broadcast over images."""
+    return v.to(device=x.device, dtype=x.dtype).view(-1, 1, 1, 1)
+
+
+def _luma(x: Tensor) -> Tensor:
+    """(B, 3, H, W) -> (B, 1, H, W) grayscale; accumulated in place to allocate one plane, not three."""
+    r, g, b = x.unbind(1)
+    return (r * LUMA[0]).add_(g, alpha=LUMA[1]).add_(b, alpha=LUMA[2]).unsqueeze(1)
+
+
+def to_grayscale(x: Tensor) -> Tensor:
+    """torchvision's rgb_to_grayscale(num_output_channels=3): (B, 3, H, W) -> expanded (B, 3, H, W) view."""
+    return _luma(x).expand_as(x)
+
+
+# The colour ops come in pairs: an in-place kernel (trailing underscore) that augment() runs on its own
+# buffer, because at 32 px a fresh batch-sized allocation costs more than the arithmetic, and a pure wrapper.
+
+
+def _brightness_(x: Tensor, f: Tensor) -> Tensor:
+    return x.mul_(_col(f, x)).clamp_(0, 1)
+
+
+def _contrast_(x: Tensor, f: Tensor) -> Tensor:
+    mean = _luma(x.mean((2, 3), keepdim=True))  # the mean of the grayscale image is the luma of channel means
+    f = _col(f, x)
+    return x.mul_(f).add_(mean * (1 - f)).clamp_(0, 1)
+
+
+def _saturation_(x: Tensor, f: Tensor) -> Tensor:
+    return x.lerp_(_luma(x), 1 - _col(f, x)).clamp_(0, 1)  # x + (1 - f)(gray - x)
+
+
+def _hue_(x: Tensor, h: Tensor) -> Tensor:
+    # Straight through hue and chroma: an RGB -> HSV -> RGB round trip would divide by v and multiply back.
+    h6, c, v = _hue_chroma(x)
+    return _from_hue_chroma(h6.add_(_col(h, x), alpha=6), c, v, out=x)
+
+
+def adjust_brightness(x: Tensor, f: Tensor) -> Tensor:
+    """Scale intensities by f (B,), clipped to [0, 1] (torchvision: a blend with black)."""
+    return _brightness_(x.clone(), f)
+
+
+def adjust_contrast(x: Tensor, f: Tensor) -> Tensor:
+    """Blend with the image's mean grayscale intensity: f x + (1 - f) mean, clipped (torchvision)."""
+    return _contrast_(x.clone(), f)
+
+
+def adjust_saturation(x: Tensor, f: Tensor) -> Tensor:
+    """Blend with the grayscale image: f x + (1 - f) gray, clipped (torchvision)."""
+    return _saturation_(x.clone(), f)
+
+
+def adjust_hue(x: Tensor, h: Tensor) -> Tensor:
+    """Rotate the HSV hue by h (B,) turns, h in [-0.5, 0.5] (torchvision)."""
+    return _hue_(x.clone(), h)
+
+
+def _hue_chroma(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, 3, H, W) RGB -> hue in sextants [-1, 5), chroma (max - min) and value (max), each (B, 1, H, W).
+
+    Hue = (g - b) / c if red is the max, 2 + (b - r) / c if green is, 4 + (r - g) / c if blue is (red wins
+    ties, then green, as torchvision). The branches are blended with 0/1 float masks by lerp, which is exact
+    at weights 0 and 1: comparisons into bool and torch.where are several times slower on CPU than into
+    float. All planes share one allocation, since fresh memory costs more than the arithmetic here.
+    """
+    b_, _, hgt, wid = x.shape
+    h, c, v, mask, tmp = x.new_empty((5, b_, 1, hgt, wid)).unbind(0)
+    r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
+    torch.amax(x, 1, keepdim=True, out=v)
+    torch.amin(x, 1, keepdim=True, out=c).neg_().add_(v)
+    torch.sub(r, g, out=h).add_(c, alpha=4)  # hue * c where blue is the max
+    h.lerp_(torch.sub(b, r, out=tmp).add_(c, alpha=2), torch.eq(v, g, out=mask))  # green
+    h.lerp_(torch.sub(g, b, out=tmp), torch.eq(v, r, out=mask))  # red
+    return h.div_(torch.clamp_min(c, 1e-12, out=tmp)), c, v  # grey pixels (c = 0) get hue 0
+
+
+def _from_hue_chroma(h6: Tensor, c: Tensor, v: Tensor, out: Tensor) -> Tensor:
+    """Inverse of :func:`_hue_chroma`, written into ``out`` (B, 3, H, W); h6 may lie anywhere in [-8, 12].
+
+    Channel n = v - c t(k) with k = h6 + (5, 3, 1)_n and t(k) = clamp(2 - d, 0, 1), d the distance from k to
+    the nearest of 2 + 6 Z. Folding with abs gives d without a slow remainder: d = ||k - 5| - 6| - 3| for
+    k in [-7, 17].
+    """
+    k = torch.add(h6, h6.new_tensor(_HUE_OFFSETS).view(1, 3, 1, 1), out=out)
+    t = k.sub_(5).abs_().sub_(6).abs_().sub_(3).abs_().neg_().add_(2).clamp_(0, 1)
+    return t.mul_(c).neg_().add_(v)
+
+
+def rgb_to_hsv(x: Tensor) -> Tensor:
+    """(B, 3, H, W) RGB in [0, 1] -> HSV with every channel in [0, 1] (hue as a fraction of a turn)."""
+    h6, c, v = _hue_chroma(x)
+    h = h6.div_(6)
+    return torch.cat((h - h.floor(), c / v.clamp_min(1e-12), v), 1)
+
+
+def hsv_to_rgb(hsv: Tensor) -> Tensor:
+    """Inverse of :func:`rgb_to_hsv`."""
+    h, s, v = hsv[:, 0:1], hsv[:, 1:2], hsv[:, 2:3]
+    return _from_hue_chroma(h * 6, s * v, v, out=torch.empty_like(hsv))
+
+
+def gaussian_blur(x: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
+    """Blur each image with its own sigma (B,) px, reflect padding, as torchvision's gaussian_blur.
+
+    Separable: one grouped conv per axis with the batch folded into channels, so each (image, channel) gets
+    its own 1-D kernel. A sigma <= 0 gives a delta kernel, i.e. leaves that image unchanged.
+    """
+    b, ch, hgt, wid = x.shape
+    half = (kernel_size - 1) / 2
+    t = torch.linspace(-half, half, kernel_size, dtype=x.dtype, device=x.device)
+    s = sigma.to(x).clamp_min(1e-6)[:, None]  # tiny sigma: exp underflows to 0 off-centre, a delta
+    k = torch.exp(-0.5 * (t / s) ** 2)
+    k = (k / k.sum(1, keepdim=True)).repeat_interleave(ch, 0)  # (B * C, K)
+    p = kernel_size // 2
+    y = F.pad(x.reshape(1, b * ch, hgt, wid), (p, p, p, p), mode="reflect")
+    y = F.conv2d(y, k.view(b * ch, 1, 1, kernel_size), groups=b * ch)  # rows, on the padded height
+    y = F.conv2d(y, k.view(b * ch, 1, kernel_size, 1), groups=b * ch)  # columns
+    return y.view(b, ch, hgt, wid)
+
+
+def crop_theta(boxes: Tensor, h: int, w: int, flip: Tensor) -> Tensor:
+    """The (B, 2, 3) affine map, in grid_sample's normalised coordinates (align_corners=False), that sends
+    the output square onto boxes (B, 4) = (x0, y0, w, h) px of an h x w image; flip (B,) mirrors x."""
+    x0, y0, bw, bh = boxes.unbind(1)
+    sign = 1 - 2 * flip.to(boxes.dtype)
+    zero = torch.zeros_like(x0)
+    # Pixel centre p sits at (2 p + 1) / W - 1, so the box spans [2 x0 / W - 1, 2 (x0 + bw) / W - 1].
+    return torch.stack((sign * bw / w, zero, (2 * x0 + bw) / w - 1,
+                        zero, bh / h, (2 * y0 + bh) / h - 1), 1).view(-1, 2, 3)
+
+
+def resized_crop(x: Tensor, boxes: Tensor, out_size: int, flip: Tensor) -> Tensor:
+    """Crop boxes (B, 4) = (x0, y0, w, h) px from x (B, C, H, W), resize to out_size^2 (bilinear), flip.
+
+    Equals torchvision's crop-then-resize (antialias=False): output pixel j samples the box at
+    x0 + (j + 0.5) w / out_size - 0.5, clamped to the box's outermost pixel centres so nothing outside the
+    box leaks in. The grid is F.affine_grid(crop_theta(...), align_corners=False), built per axis: theta has
+    no rotation, so x depends on the column only and y on the row only, and the (B, S, S, 2) batched matmul
+    affine_grid would run (the slowest step at 32 px) reduces to two (B, S) outer products.
+    """
+    b, _, hgt, wid = x.shape
+    boxes = boxes.to(x)
+    theta = crop_theta(boxes, hgt, wid, flip)
+    base = (torch.arange(out_size, dtype=x.dtype, device=x.device) * 2 + 1) / out_size - 1  # (S,)
+    gx = theta[:, 0, 0:1] * base + theta[:, 0, 2:3]  # (B, S)
+    gy = theta[:, 1, 1:2] * base + theta[:, 1, 2:3]
+    x0, y0, bw, bh = boxes[:, :, None].unbind(1)
+    gx = gx.clamp((2 * x0 + 1) / wid - 1, (2 * (x0 + bw) - 1) / wid - 1)
+    gy = gy.clamp((2 * y0 + 1) / hgt - 1, (2 * (y0 + bh) - 1) / hgt - 1)
+    grid = torch.stack((gx[:, None, :].expand(b, out_size, out_size),
+                        gy[:, :, None].expand(b, out_size, out_size)), 3)  # (B, S, S, 2) as (x, y)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def _rand(n: int, generator: torch.Generator, device: torch.device | str) -> Tensor:
+    """n uniforms in [0, 1) from the generator (on its own device), moved to ``device``."""
+    return torch.rand(n, generator=generator, device=generator.device).to(device)
+
+
+def sample_crop_boxes(b: int, h: int, w: int, scale: tuple[float, float], ratio: tuple[float, float],
+                      generator: torch.Generator, device: torch.device | str) -> Tensor:
+    """RandomResizedCrop boxes (B, 4) as (x0, y0, w, h) px with integer values, float32.
+
+    As torchvision: area ~ U(scale) H W and aspect ~ logU(ratio), side lengths rounded; the first of 10
+    candidates that fits is kept, else the central crop with the aspect clamped into ``ratio``. All
+    candidates are drawn at once, so every sample consumes the same number of draws.
+    """
+    u = _rand(b * (2 * _CROP_ATTEMPTS + 2), generator, device)
+    cand, off = u[: 2 * b * _CROP_ATTEMPTS].view(2, b, _CROP_ATTEMPTS), u[2 * b * _CROP_ATTEMPTS :].view(2, b)
+    area = h * w * (scale[0] + (scale[1] - scale[0]) * cand[0])
+    lr0, lr1 = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(lr0 + (lr1 - lr0) * cand[1])
+    cw, ch = torch.sqrt(area * aspect).round(), torch.sqrt(area / aspect).round()
+    fits = (cw >= 1) & (cw <= w) & (ch >= 1) & (ch <= h)
+    first = fits.to(torch.uint8).argmax(1, keepdim=True)  # argmax returns the first maximal index
+    ok = fits.any(1)
+    fw, fh = w, h  # fallback: the whole image, narrowed to the nearest allowed aspect
+    if w / h < ratio[0]:
+        fh = round(w / ratio[0])
+    elif w / h > ratio[1]:
+        fw = round(h * ratio[1])
+    bw = torch.where(ok, cw.gather(1, first)[:, 0], float(fw))
+    bh = torch.where(ok, ch.gather(1, first)[:, 0], float(fh))
+    # Offsets ~ U{0..W - w}; the clamp guards a uniform that rounds up to 1 in float32.
+    x0 = torch.where(ok, (off[0] * (w - bw + 1)).floor().clamp_max(w - bw), float((w - fw) // 2))
+    y0 = torch.where(ok, (off[1] * (h - bh + 1)).floor().clamp_max(h - bh), float((h - fh) // 2))
+    return torch.stack((x0, y0, bw, bh), 1)
+
+
+def _masked_(x: Tensor, on: Tensor, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """Replace the samples where on (B,) is True by fn(those samples, their indices), in place.
+
+    The others stay bit-identical and the work scales with the selection rate. (On CUDA, finding the
+    indices syncs with the host once.)
+    """
+    idx = on.nonzero().squeeze(1)
+    if idx.numel() > 0:
+        x.index_copy_(0, idx, fn(x.index_select(0, idx), idx))
+    return x
+
+
+def _random_jitter_(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) -> Tensor:
+    """ColorJitter with probability jitter_p per sample; one random order of the four ops per batch."""
+    n, dev = x.shape[0], x.device
+    on = _rand(n, generator, dev) < cfg.jitter_p
+    u = _rand(4 * n, generator, dev).view(4, n)
+    perm = torch.randperm(4, generator=generator, device=generator.device).tolist()
+    order = [i for i in perm if cfg.jitter[i] > 0]  # a zero strength is skipped, as torchvision does
+    s = u.new_tensor(cfg.jitter)[:, None]
+    # Factors ~ U(1 - s, 1 + s) for brightness, contrast, saturation; hue shift ~ U(-s, s) (torchvision).
+    params = torch.cat((1 - s[:3] + 2 * s[:3] * u[:3], s[3:] * (2 * u[3:] - 1)))  # (4, B)
+    kernels = (_brightness_, _contrast_, _saturation_, _hue_)
+
+    def jitter(xs: Tensor, idx: Tensor) -> Tensor:
+        for i in order:
+            xs = kernels[i](xs, params[i, idx])
+        return xs
+
+    return _masked_(x, on, jitter)
+
+
+def augment(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,
+            out_size: int | None = None) -> Tensor:
+    """Augment a batch: crop + flip, colour jitter, grayscale, blur, normalise; each sample its own draws.
+
+    images: uint8 (B, H, W, 3) channels-last (as the fractal renderer writes them) or float (B, 3, H, W) in
+    [0, 1], on any device. Returns float32 (B, 3, out_size, out_size), normalised; out_size defaults to H.
+    """
+    if images.dtype == torch.uint8:
+        if images.ndim != 4 or images.shape[3] != 3:
+            raise ValueError(f"uint8 images must be (B, H, W, 3), got {tuple(images.shape)}")
+        x = images.permute(0, 3, 1, 2).float()  # 0..255; the crop is linear, so scale its output instead
+    elif images.is_floating_point():
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"float images must be (B, 3, H, W), got {tuple(images.shape)}")
+        x = images.float()
+    else:
+        raise TypeError(f"images must be uint8 or floating point, got {images.dtype}")
+    b, _, h, w = x.shape
+    size = h if out_size is None else out_size
+    dev = x.device
+    boxes = sample_crop_boxes(b, h, w, cfg.crop_scale, cfg.crop_ratio, generator, dev)
+    flip = _rand(b, generator, dev) < cfg.flip_p
+    x = resized_crop(x, boxes, size, flip)  # a fresh buffer: everything below may work in place
+    if images.dtype == torch.uint8:
+        x.div_(255)
+    x = _random_jitter_(x, cfg, generator)
+    gray = _rand(b, generator, dev) < cfg.grayscale_p
+    x = _masked_(x, gray, lambda xs, _: to_grayscale(xs))
+    blur = _rand(b, generator, dev) < cfg.blur_p
+    sigma = cfg.blur_sigma[0] + (cfg.blur_sigma[1] - cfg.blur_sigma[0]) * _rand(b, generator, dev)
+    kernel = cfg.blur_kernel or blur_kernel_size(size)
+    x = _masked_(x, blur, lambda xs, idx: gaussian_blur(xs, sigma[idx], kernel))
+    mean, std = x.new_tensor(cfg.mean).view(1, 3, 1, 1), x.new_tensor(cfg.std).view(1, 3, 1, 1)
+    return x.sub_(mean).div_(std)

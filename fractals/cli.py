@@ -1,0 +1,128 @@
+"""fractals: sample IFS code banks, preview FPS pairs and benchmark the renderer.
+
+Chen et al., ICLR 2023, §4.2 and Appendix A.1 (Fractal Pair Similarity); codes after Anderson & Farrell 2022.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .bench import measure
+from .ifs import BankError, CodeBank, load_bank, sample_codes, save_bank
+from .preview import make_cells, write_grid
+from .scenes import RenderConfig
+from .stream import KINDS
+
+PAPER_BANK = 100_000  # Appendix A.1: I codes are drawn from a pre-sampled bank of 100K
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line with exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise UsageError(f"{name} must be positive, got {value}")
+
+
+def _bank(path: str | None, seed: int) -> CodeBank:
+    """The bank at ``path`` or, without one, the paper-size bank sampled from ``seed`` (about 0.5 s)."""
+    return load_bank(path) if path else sample_codes(PAPER_BANK, seed)
+
+
+def _size(value: int) -> int:
+    if value < 16:
+        raise UsageError(f"--size must be at least 16 px, got {value}")
+    return value
+
+
+def cmd_bank(args: argparse.Namespace) -> None:
+    _positive("--n", args.n)
+    bank = sample_codes(args.n, args.seed)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    save_bank(bank, args.out)
+    print(f"wrote {len(bank)} codes (seed {args.seed}) to {args.out}")
+
+
+def cmd_preview(args: argparse.Namespace) -> None:
+    _positive("--n", args.n)
+    cfg = RenderConfig.preset(_size(args.size))
+    images = make_cells(args.kind, _bank(args.bank, args.seed), cfg, args.n, args.seed, args.augs)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    height, width = write_grid(images, args.out)
+    print(f"wrote {args.out} ({width}x{height} px, {args.n} {args.kind} cells)")
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    _positive("--pairs", args.pairs)
+    _positive("--workers", args.workers)
+    record = measure(_bank(args.bank, args.seed), _size(args.size), args.pairs, args.workers, args.augs,
+                     args.seed, progress=not args.json)
+    if args.json:
+        print(json.dumps(record))
+    else:
+        print(f"{record['pairs_per_s']:.0f} pairs/s at {record['size']} px "
+              f"({'with' if record['augs'] else 'no'} image augs, {record['workers']} worker(s)); "
+              f"{record['ns_per_point']:.2f} ns per chaos-game point, all work included")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fractals", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    b = sub.add_parser("bank", help="sample a bank of IFS codes to an .npz file")
+    b.add_argument("--n", type=int, default=PAPER_BANK, help="number of codes (default: 100000, the paper's)")
+    b.add_argument("--seed", type=int, default=0, help="sampling seed; one seed gives identical bytes")
+    b.add_argument("--out", required=True, help="output .npz path (plain arrays, no pickles)")
+    b.set_defaults(run=cmd_bank)
+
+    v = sub.add_parser("preview", help="write a PNG grid of rendered samples (views side by side)")
+    v.add_argument("--kind", choices=KINDS, default="fps",
+                   help="fps: FPS pairs; multilabel: multi-label images; single: one fractal, two augmented "
+                        "views (default: fps)")
+    v.add_argument("--size", type=int, default=32, help="image side in px, >= 16; 32 and 224 are the paper's")
+    v.add_argument("--n", type=int, default=8, help="number of pairs/images (default: 8)")
+    v.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    v.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
+    v.add_argument("--augs", action="store_true", help="also apply the image-level augmentations")
+    v.add_argument("--out", default="preview.png", help="output PNG path (default: preview.png)")
+    v.set_defaults(run=cmd_preview)
+
+    m = sub.add_parser("bench", help="measure FPS pair throughput (one worker = one core)")
+    m.add_argument("--size", type=int, default=32, help="image side in px: 32 (1K points) or 224 (100K points)")
+    m.add_argument("--augs", action="store_true", help="include the image-level augmentations (on CPU)")
+    m.add_argument("--pairs", type=int, default=None,
+                   help="pairs to time (default: 100000 at 32 px, 1000 at larger sizes)")
+    m.add_argument("--workers", type=int, default=1, help="DataLoader worker processes (default: 1, one core)")
+    m.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    m.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
+    m.add_argument("--json", action="store_true", help="print one JSON line instead of a sentence")
+    m.set_defaults(run=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "pairs", 0) is None:
+            args.pairs = 100_000 if args.size <= 32 else 1000
+        args.run(args)
+    except (UsageError, BankError, ValueError) as exc:
+        print(f"fractals: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fractals: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Numba kernels that colour, transform, place and blur rendered fractals onto a view.
+
+Chen et al., ICLR 2023, Appendix A.1.2: each fractal instance is coloured in HSV (random hue offset,
+saturation U(0.3, 1), value U(0.5, 1)), randomly flipped/transposed, resized to a fraction of the canvas,
+placed with up to a quarter of it off-canvas and composited on black; the view is blurred with p = 0.5.
+
+Colouring, the dihedral transform, bilinear resizing and placement are fused into one pass over the
+instance's footprint on the view, so no intermediate image is materialised.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+
+@nb.njit(inline="always")
+def _hsv_channel(n, h6, vs, v):
+    # Branch-free HSV -> RGB for channel n in {5, 3, 1} (R, G, B); h6 = 6 * hue in [0, 6), vs = v * s.
+    k = n + h6
+    k = k - 6.0 if k >= 6.0 else k
+    t = 4.0 - k if k > 2.0 else k  # min(k, 4 - k) on [0, 6)
+    t = 1.0 if t > 1.0 else (0.0 if t < 0.0 else t)
+    return v - vs * t
+
+
+@nb.njit(cache=True)
+def hsv_to_rgb(h, s, v):
+    """HSV in [0, 1]^3 (hue wraps) to an (r, g, b) tuple in [0, 1]."""
+    h6 = (h - math.floor(h)) * 6.0
+    return _hsv_channel(5.0, h6, v * s, v), _hsv_channel(3.0, h6, v * s, v), _hsv_channel(1.0, h6, v * s, v)
+
+
+@nb.njit(cache=True)
+def _lerp_taps(dst_len, src_len, i0, i1, frac):
+    # Bilinear taps (align_corners=False, edge-clamped) for resizing src_len samples to dst_len.
+    step = src_len / dst_len
+    for i in range(dst_len):
+        s = max((i + 0.5) * step - 0.5, 0.0)
+        i0[i] = min(int(s), src_len - 1)
+        i1[i] = min(i0[i] + 1, src_len - 1)
+        frac[i] = s - i0[i]
+
+
+@nb.njit(cache=True)
+def resize_bilinear(src, r, n, dst, tmp, i0, i1, frac):
+    """Bilinear resize (align_corners=False) of src[:r, :r] into dst[:n, :n], separably through tmp.
+
+    tmp: float32 (>= r, >= n); i0, i1, frac: scratch of >= max(r, n) entries.
+    """
+    _lerp_taps(n, r, i0, i1, frac)
+    for y in range(r):  # rows: gather along x
+        srow, trow = src[y], tmp[y]
+        for b in range(n):
+            f = np.float32(frac[b])
+            trow[b] = srow[i0[b]] * (np.float32(1.0) - f) + srow[i1[b]] * f
+    _lerp_taps(n, r, i0, i1, frac)
+    for a in range(n):  # columns: blend two whole rows, which vectorises
+        f = np.float32(frac[a])
+        t0, t1, drow = tmp[i0[a], :n], tmp[i1[a], :n], dst[a, :n]
+        for b in range(n):
+            drow[b] = t0[b] * (np.float32(1.0) - f) + t1[b] * f
+
+
+@nb.njit(cache=True)
+def composite(view, gsum, cover, n, oy, ox, dihedral, hue, sat, val):
+    """Max-composite one coloured n x n instance onto ``view`` (S, S, 3) float32.
+
+    cover[a, b] in [0, 1] is the instance's coverage of pixel (a, b) (its hit mask, bilinearly resized
+    when the instance was rendered at another size) and gsum[a, b] the coverage-weighted grade, so
+    g = gsum / cover is the mean grade of the hits under it. The pixel gets colour cover * HSV(hue + g, sat,
+    val) with hue in [0, 1): denser parts shift hue. dihedral (0..7): bit 0 flips rows, bit 1 flips columns, bit 2 then
+    transposes. (oy, ox) is the top-left corner on the view and may lie off it. Iterating over the source
+    touches only covered pixels, which are a small fraction of a fractal's box.
+    """
+    s_view = view.shape[0]
+    vs = val * sat
+    for a in range(n):
+        for b in range(n):
+            c = cover[a, b]
+            if c > 0.0:
+                p = n - 1 - a if dihedral & 1 else a
+                q = n - 1 - b if dihedral & 2 else b
+                if dihedral & 4:
+                    p, q = q, p
+                y, x = p + oy, q + ox
+                if 0 <= y < s_view and 0 <= x < s_view:
+                    h6 = (hue + gsum[a, b] / c) * 6.0  # hue in [0, 1) and grade in [0, 1]: h6 in [0, 12)
+                    h6 = h6 - 6.0 if h6 >= 6.0 else h6
+                    px = view[y, x]
+                    px[0] = max(px[0], c * _hsv_channel(5.0, h6, vs, val))
+                    px[1] = max(px[1], c * _hsv_channel(3.0, h6, vs, val))
+                    px[2] = max(px[2], c * _hsv_channel(1.0, h6, vs, val))
+
+
+@nb.njit(cache=True)
+def gaussian_kernel(sigma, radius, out):
+    """Normalised 1-D Gaussian weights, out[0 .. 2 * radius]."""
+    total = 0.0
+    for t in range(2 * radius + 1):
+        d = t - radius
+        out[t] = math.exp(-0.5 * d * d / (sigma * sigma))
+        total += out[t]
+    for t in range(2 * radius + 1):
+        out[t] /= total
+
+
+@nb.njit(cache=True)
+def gaussian_blur(view, tmp, sigma, radius, w):
+    """Separable Gaussian blur of ``view`` (S, S, 3) float32 in place, clamp-to-edge borders.
+
+    radius <= S // 2; tmp: float32 scratch of >= (S + 2 * radius + 2) * S * 3 values; w: >= 2 * radius + 1.
+    Work goes row by row with one axpy per tap, so the live rows stay in L1 and the loops vectorise.
+    """
+    gaussian_kernel(sigma, radius, w)
+    n = view.shape[0]
+    row = 3 * n
+    taps = 2 * radius + 1
+    flat = view.reshape(-1)
+    rows = tmp[: n * row]  # the row-blurred image
+    pad = tmp[n * row: n * row + row + 6 * radius]  # one edge-replicated input row
+    for y in range(n):
+        vrow = flat[y * row: (y + 1) * row]
+        for i in range(3 * radius):
+            pad[i] = vrow[i % 3]
+            pad[row + 3 * radius + i] = vrow[row - 3 + i % 3]
+        pad[3 * radius: row + 3 * radius] = vrow
+        out = rows[y * row: (y + 1) * row]
+        out[:] = 0.0
+        for t in range(taps):
+            wt = np.float32(w[t])
+            src = pad[3 * t: 3 * t + row]
+            for i in range(row):
+                out[i] += wt * src[i]
+    for y in range(n):
+        out = flat[y * row: (y + 1) * row]
+        out[:] = 0.0
+        for t in range(taps):
+            wt = np.float32(w[t])
+            k = min(max(y + t - radius, 0), n - 1)
+            src = rows[k * row: (k + 1) * row]
+            for i in range(row):
+                out[i] += wt * src[i]
+
+
+@nb.njit(cache=True)
+def to_uint8(view, out):
+    """Round float32 [0, 1] to uint8, saturating."""
+    src, dst = view.reshape(-1), out.reshape(-1)
+    for i in range(src.shape[0]):
+        dst[i] = np.uint8(np.int32(min(255.0, max(0.0, src[i] * 255.0 + 0.5))))

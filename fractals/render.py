@@ -1,0 +1,254 @@
+"""Numba kernels that turn IFS codes into coloured, placed fractal instances.
+
+Chen et al., ICLR 2023, §4.2 and Appendix A.1.2 (FPS): every instance of a code is jittered, rendered with the
+chaos game, coloured in HSV, flipped, resized to U(0.45, 0.75) of the canvas, placed (up to a quarter
+off-canvas) and composited on black; each view is then blurred with p = 0.5.
+
+Speed comes from three choices (see README, Performance):
+- The chaos game is fused with rasterisation, so no coordinate array exists. The view region must fit the
+  points' bounding box, so each instance runs the game twice from the same RNG state: a cheap pass that
+  only tracks the box, then one that rasterises.
+- Map choice is branch-free: one 64-bit draw gives 8 bytes, each indexing a 256-entry lookup table built
+  from the map probabilities (so probabilities are quantised to 1/256).
+- CHAINS independent chains are advanced together, which hides the latency of the serial affine update.
+  Each chain starts on a fixed point of one map, a point of the attractor, so no burn-in is needed.
+
+Randomness is a splitmix64 stream per scene, so a batch depends only on its seeds, not on batch layout.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+CHAINS = 4  # interleaved chaos-game chains per instance
+LUT_SIZE = 256  # map-choice table entries (one random byte each)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_U53 = 1.0 / 9007199254740992.0  # 2**-53
+
+
+@nb.njit(inline="always")
+def _mix(z):
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@nb.njit(inline="always")
+def next_u64(st):
+    """splitmix64: advance the 1-element state array ``st`` and return a 64-bit draw."""
+    st[0] += _GOLDEN
+    return _mix(st[0])
+
+
+@nb.njit(inline="always")
+def uniform(st, lo, hi):
+    return lo + (hi - lo) * (np.float64(next_u64(st) >> np.uint64(11)) * _U53)
+
+
+@nb.njit(cache=True)
+def build_lut(probs, lut):
+    """Fill ``lut`` (256 uint8) so that a uniform byte selects map k with probability ~probs[k]."""
+    cum = 0.0
+    t = 0
+    last = 0
+    for k in range(probs.shape[0]):
+        if probs[k] > 0.0:
+            last = k
+    for k in range(last + 1):
+        cum += probs[k]
+        end = LUT_SIZE if k == last else min(LUT_SIZE, int(cum * LUT_SIZE + 0.5))
+        while t < end:
+            lut[t] = k
+            t += 1
+
+
+@nb.njit(cache=True)
+def spectral_norm(m):
+    """Largest singular value of the 2x2 linear part (m[0], m[1]; m[2], m[3])."""
+    fro = m[0] * m[0] + m[1] * m[1] + m[2] * m[2] + m[3] * m[3]
+    det = m[0] * m[3] - m[1] * m[2]
+    disc = max(fro * fro - 4.0 * det * det, 0.0)
+    return np.sqrt(0.5 * (fro + np.sqrt(disc)))
+
+
+@nb.njit(cache=True)
+def jitter_code(maps, n_maps, st, lo, hi, tries, out, probs):
+    """Copy ``maps`` (4, 6) into ``out`` with one random map's linear part scaled by U(lo, hi).
+
+    A draw that pushes a singular value above 1 is rejected; after ``tries`` rejections the code is used
+    unjittered. Probabilities are recomputed as |det A_k| / sum |det A_j| (p_k proportional to |det A_k|).
+    """
+    out[:] = maps
+    for _ in range(tries):
+        k = min(int(uniform(st, 0.0, n_maps)), n_maps - 1)
+        f = uniform(st, lo, hi)
+        if spectral_norm(maps[k]) * f <= 1.0:
+            for j in range(4):
+                out[k, j] = maps[k, j] * f
+            break
+    total = 0.0
+    for k in range(out.shape[0]):
+        probs[k] = abs(out[k, 0] * out[k, 3] - out[k, 1] * out[k, 2]) if k < n_maps else 0.0
+        total += probs[k]
+    for k in range(out.shape[0]):
+        probs[k] = probs[k] / total if total > 0.0 else (1.0 if k == 0 else 0.0)
+
+
+@nb.njit(cache=True)
+def chain_starts(maps, n_maps, starts):
+    """Start chain c on the fixed point of map c mod K: fixed points of the maps lie on the attractor."""
+    for c in range(CHAINS):
+        m = maps[c % n_maps]
+        det = (1.0 - m[0]) * (1.0 - m[3]) - m[1] * m[2]
+        if abs(det) > 1e-9:
+            starts[c, 0] = ((1.0 - m[3]) * m[4] + m[1] * m[5]) / det
+            starts[c, 1] = (m[2] * m[4] + (1.0 - m[0]) * m[5]) / det
+        else:  # a map with eigenvalue 1 has no unique fixed point; its translation is a fine start
+            starts[c, 0], starts[c, 1] = m[4], m[5]
+
+
+@nb.njit(inline="always")
+def _affine(maps, k, x, y):
+    return maps[k, 0] * x + maps[k, 1] * y + maps[k, 4], maps[k, 2] * x + maps[k, 3] * y + maps[k, 5]
+
+
+@nb.njit(cache=True)
+def map_choices(lut, n_steps, seed):
+    """The map indices (n_steps, CHAINS) that the chaos-game kernels draw from ``seed``; for tests."""
+    out = np.empty((n_steps, CHAINS), np.uint8)
+    st = np.full(1, seed, np.uint64)
+    z = np.uint64(0)
+    for i in range(n_steps):
+        if i % 2 == 0:
+            z = next_u64(st)
+        for c in range(CHAINS):
+            out[i, c] = lut[(z >> np.uint64(8 * (CHAINS * (i % 2) + c))) & np.uint64(255)]
+    return out
+
+
+@nb.njit(inline="always")
+def _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy):
+    """Advance the four chains once; chain c takes its map from byte c of ``z``."""
+    ax, ay = _affine(maps, lut[z & np.uint64(255)], ax, ay)
+    bx, by = _affine(maps, lut[(z >> np.uint64(8)) & np.uint64(255)], bx, by)
+    cx, cy = _affine(maps, lut[(z >> np.uint64(16)) & np.uint64(255)], cx, cy)
+    dx, dy = _affine(maps, lut[(z >> np.uint64(24)) & np.uint64(255)], dx, dy)
+    return ax, ay, bx, by, cx, cy, dx, dy
+
+
+@nb.njit(cache=True)
+def chaos_bbox(maps, lut, starts, n_steps, seed):
+    """Bounding box (x0, x1, y0, y1) of the n_steps * CHAINS points the chains visit from ``seed``."""
+    st = np.full(1, seed, np.uint64)
+    ax, ay, bx, by = starts[0, 0], starts[0, 1], starts[1, 0], starts[1, 1]
+    cx, cy, dx, dy = starts[2, 0], starts[2, 1], starts[3, 0], starts[3, 1]
+    x0, x1, y0, y1 = np.inf, -np.inf, np.inf, -np.inf
+    z = np.uint64(0)
+    for i in range(n_steps):
+        z = next_u64(st) if i % 2 == 0 else z >> np.uint64(32)  # one draw serves two steps
+        ax, ay, bx, by, cx, cy, dx, dy = _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy)
+        x0, x1 = min(x0, ax, bx, cx, dx), max(x1, ax, bx, cx, dx)
+        y0, y1 = min(y0, ay, by, cy, dy), max(y1, ay, by, cy, dy)
+    return x0, x1, y0, y1
+
+
+@nb.njit(inline="always")
+def _pixel(x, y, ox, oy, scale, w):
+    # Flat index into the padded (w x w) canvas; the +1 skips the border ring.
+    return (int((y - oy) * scale + 0.5) + 1) * w + int((x - ox) * scale + 0.5) + 1
+
+
+@nb.njit(inline="always")
+def _raster_frame(bbox, res):
+    # Isotropic scale so the box's longer side spans res pixels; the origin is shifted so that the shorter
+    # side is centred. pixel = int((p - origin) * scale + 0.5) then lies in [0, res - 1].
+    x0, x1, y0, y1 = bbox
+    span = max(x1 - x0, y1 - y0, 1e-12)
+    return x0 - 0.5 * (span - (x1 - x0)), y0 - 0.5 * (span - (y1 - y0)), (res - 1) / span
+
+
+@nb.njit(cache=True)
+def chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, canvas):
+    """Replay the chains of :func:`chaos_bbox` and add 1 per point to ``canvas`` (res + 2, res + 2)."""
+    ox, oy, scale = _raster_frame(bbox, res)
+    w = res + 2
+    flat = canvas.reshape(-1)
+    st = np.full(1, seed, np.uint64)
+    ax, ay, bx, by = starts[0, 0], starts[0, 1], starts[1, 0], starts[1, 1]
+    cx, cy, dx, dy = starts[2, 0], starts[2, 1], starts[3, 0], starts[3, 1]
+    z = np.uint64(0)
+    for i in range(n_steps):
+        z = next_u64(st) if i % 2 == 0 else z >> np.uint64(32)
+        ax, ay, bx, by, cx, cy, dx, dy = _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy)
+        flat[_pixel(ax, ay, ox, oy, scale, w)] += 1.0
+        flat[_pixel(bx, by, ox, oy, scale, w)] += 1.0
+        flat[_pixel(cx, cy, ox, oy, scale, w)] += 1.0
+        flat[_pixel(dx, dy, ox, oy, scale, w)] += 1.0
+
+
+@nb.njit(cache=True)
+def chaos_raster_patch(maps, lut, starts, n_steps, seed, bbox, res, canvas, offs, n_offs):
+    """As :func:`chaos_raster`, but each point adds 1 at the flat offsets offs[:n_offs] around its pixel
+    (a 3x3 patch splat, Anderson & Farrell 2022); spill lands in the canvas's border ring."""
+    ox, oy, scale = _raster_frame(bbox, res)
+    w = res + 2
+    flat = canvas.reshape(-1)
+    st = np.full(1, seed, np.uint64)
+    ax, ay, bx, by = starts[0, 0], starts[0, 1], starts[1, 0], starts[1, 1]
+    cx, cy, dx, dy = starts[2, 0], starts[2, 1], starts[3, 0], starts[3, 1]
+    z = np.uint64(0)
+    for i in range(n_steps):
+        z = next_u64(st) if i % 2 == 0 else z >> np.uint64(32)
+        ax, ay, bx, by, cx, cy, dx, dy = _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy)
+        pa, pb = _pixel(ax, ay, ox, oy, scale, w), _pixel(bx, by, ox, oy, scale, w)
+        pc, pd = _pixel(cx, cy, ox, oy, scale, w), _pixel(dx, dy, ox, oy, scale, w)
+        for o in range(n_offs):
+            flat[pa + offs[o]] += 1.0
+            flat[pb + offs[o]] += 1.0
+            flat[pc + offs[o]] += 1.0
+            flat[pd + offs[o]] += 1.0
+
+
+@nb.njit(cache=True)
+def patch_offsets(patch, res, offs):
+    """Flat canvas offsets of the set cells of a 3x3 ``patch`` (centre = 0); returns how many."""
+    n = 0
+    for q in range(9):
+        if patch[q // 3, q % 3]:
+            offs[n] = (q // 3 - 1) * (res + 2) + (q % 3 - 1)
+            n += 1
+    return n
+
+
+@nb.njit(cache=True)
+def chaos_game(maps, lut, starts, n_steps, seed, res, canvas, patch):
+    """Both passes: bounding box, then rasterisation into the zeroed canvas (res + 2, res + 2)."""
+    bbox = chaos_bbox(maps, lut, starts, n_steps, seed)
+    if not (np.isfinite(bbox[0]) and np.isfinite(bbox[1]) and np.isfinite(bbox[2]) and np.isfinite(bbox[3])):
+        return bbox  # a diverging code (not from our sampler) renders empty rather than writing out of bounds
+    if patch.sum() == 1 and patch[1, 1]:
+        chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, canvas)
+    else:
+        offs = np.empty(9, np.int64)
+        n_offs = patch_offsets(patch, res, offs)
+        chaos_raster_patch(maps, lut, starts, n_steps, seed, bbox, res, canvas, offs, n_offs)
+    return bbox
+
+
+@nb.njit(cache=True)
+def grade(canvas, res, graded, mask):
+    """Crop the padded hit counts to res x res: ``graded`` = counts / max count (the graded canvas),
+    ``mask`` = 1 where hit."""
+    peak = np.float32(0.0)
+    for y in range(res):
+        for x in range(res):
+            peak = max(peak, canvas[y + 1, x + 1])
+    inv = np.float32(1.0) / peak if peak > 0.0 else np.float32(0.0)
+    for y in range(res):
+        for x in range(res):
+            v = canvas[y + 1, x + 1]
+            graded[y, x] = v * inv
+            mask[y, x] = 1.0 if v > 0.0 else 0.0

@@ -1,0 +1,226 @@
+"""Batches of fractal scenes: FPS pairs, multi-label images and single-fractal images.
+
+Chen et al., ICLR 2023: Fractal Pair Similarity (§4.2, Fig. 2c, Appendix A.1.2) draws I distinct codes per
+pair and renders two independently jittered instances of each, one per view, so the views share their codes
+and nothing else. The Table 6 baselines are multi-label fractal images (Anderson & Farrell 2022: J classes,
+I fractals per image, multi-hot label) and single-fractal images whose two views come from image-level
+augmentation only ("fractal + SimSiam").
+
+All scene randomness below the choice of codes comes from one 64-bit seed per scene, consumed inside one
+compiled call per batch (:func:`render_scenes`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+from dataclasses import asdict, dataclass
+
+import numba as nb
+import numpy as np
+
+from .compose import composite, gaussian_blur, resize_bilinear, to_uint8
+from .ifs import MAX_MAPS, CodeBank
+from .render import CHAINS, LUT_SIZE, build_lut, chain_starts, chaos_game, grade, jitter_code, next_u64, uniform
+
+
+@dataclass(frozen=True)
+class RenderConfig:
+    """How one view is rendered. Defaults are the 32 px setting; see :meth:`preset` for 224 px."""
+
+    size: int = 32  # output side, px (32 px for CIFAR-scale pre-training, §4.2)
+    points: int = 1000  # chaos-game points per instance (Appendix A.1.2: 1K at 32 px, 100K at 224 px)
+    render_cap: int = 112  # instances larger than this many px are rendered at cap^2, then resized (A.1.2)
+    codes_per_image: tuple[int, int] = (2, 2)  # I ~ U{lo..hi} distinct codes (A.1.2: I = 2 at 32 px)
+    scale: tuple[float, float] = (0.45, 0.75)  # instance side / view side, uniform (A.1.2)
+    off_canvas: float = 0.25  # fraction of an instance's side allowed outside the view (A.1.2)
+    jitter: tuple[float, float] = (0.8, 1.1)  # factor on one random map's linear part (A.1.2)
+    jitter_tries: int = 5  # rejected draws (singular value > 1) before rendering unjittered
+    saturation: tuple[float, float] = (0.3, 1.0)  # HSV saturation, uniform (A.1.2)
+    value: tuple[float, float] = (0.5, 1.0)  # HSV value, uniform (A.1.2)
+    flips: bool = True  # random flips / transpose of each instance (the 8 dihedral symmetries)
+    patch_p: float = 0.0  # probability that an instance splats random 3x3 patches (Anderson & Farrell 2022)
+    blur_p: float = 0.5  # probability of a Gaussian blur of the whole view (A.1.2)
+    blur_sigma: tuple[float, float] = (0.1, 1.0)  # blur sigma, px of the output, uniform
+
+    @classmethod
+    def preset(cls, size: int, **overrides) -> RenderConfig:
+        """The paper's setting for a given output size: 32 px (CIFAR) or >= 64 px (224 px recipe)."""
+        if size < 16:
+            raise ValueError(f"size must be at least 16 px, got {size}")
+        if size <= 32:
+            base = cls(size=size)
+        else:  # Appendix A.1.2, 224 px: 100K points rendered at 112^2, I ~ U{2..5}
+            base = cls(size=size, points=100_000, codes_per_image=(2, 5), blur_sigma=(0.1, 2.0))
+        return cls(**{**asdict(base), **overrides})
+
+    def __post_init__(self) -> None:
+        lo, hi = self.codes_per_image
+        checks = {
+            "size must be >= 16": self.size >= 16,
+            "points must be positive": self.points > 0,
+            "render_cap must be >= 8": self.render_cap >= 8,
+            "codes_per_image must satisfy 1 <= lo <= hi": 1 <= lo <= hi,
+            "scale must satisfy 0 < lo <= hi": 0 < self.scale[0] <= self.scale[1],
+            "off_canvas must lie in [0, 0.5)": 0 <= self.off_canvas < 0.5,
+            "probabilities must lie in [0, 1]": 0 <= self.patch_p <= 1 and 0 <= self.blur_p <= 1,
+        }
+        for message, ok in checks.items():
+            if not ok:
+                raise ValueError(f"RenderConfig: {message} ({self})")
+
+    @property
+    def points_per_instance(self) -> int:
+        """Points actually drawn: the chains advance together, so this rounds up to a multiple of CHAINS."""
+        return CHAINS * math.ceil(self.points / CHAINS)
+
+
+_KernelParams = namedtuple(
+    "_KernelParams",
+    "n_steps render_cap scale_lo scale_hi off_canvas jit_lo jit_hi jit_tries sat_lo sat_hi "
+    "val_lo val_hi flips patch_p blur_p blur_lo blur_hi",
+)
+
+
+def _kernel_params(cfg: RenderConfig) -> _KernelParams:
+    return _KernelParams(
+        cfg.points_per_instance // CHAINS, min(cfg.render_cap, cfg.size), *map(float, cfg.scale),
+        float(cfg.off_canvas), *map(float, cfg.jitter), cfg.jitter_tries, *map(float, cfg.saturation),
+        *map(float, cfg.value), cfg.flips, float(cfg.patch_p), float(cfg.blur_p), *map(float, cfg.blur_sigma),
+    )
+
+
+@nb.njit(cache=True, nogil=True)
+def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
+    """Render scenes into ``out`` (V, B, S, S, 3) uint8.
+
+    Scene b of view v composites independent instances of codes code_ids[b, :counts[b]]; all of its
+    randomness (jitter, chaos game, colour, flips, size, placement, blur) comes from seeds[b].
+    """
+    n_views, n_scenes, side = out.shape[0], out.shape[1], out.shape[2]
+    cap = prm.render_cap
+    canvas_buf = np.empty((cap + 2) * (cap + 2), np.float32)
+    graded = np.empty((cap, cap), np.float32)
+    mask = np.empty((cap, cap), np.float32)
+    max_size = max(1, int(prm.scale_hi * side + 0.5))
+    big_g = np.empty((max_size, max_size), np.float32)  # instances resized from the render cap
+    big_c = np.empty((max_size, max_size), np.float32)
+    rows = np.empty((cap, max_size), np.float32)
+    i0 = np.empty(max(cap, max_size), np.int64)
+    i1 = np.empty_like(i0)
+    frac = np.empty(max(cap, max_size))
+    view = np.empty((side, side, 3), np.float32)
+    tmp = np.empty((side + 2) * side * 3 + 6 * side, np.float32)  # blur scratch (radius <= side // 2)
+    m = np.empty((MAX_MAPS, 6))
+    probs = np.empty(MAX_MAPS)
+    lut = np.empty(LUT_SIZE, np.uint8)
+    starts = np.empty((CHAINS, 2))
+    patch = np.zeros((3, 3), np.bool_)
+    weights = np.empty(side + 1)
+    st = np.empty(1, np.uint64)
+    for b in range(n_scenes):
+        st[0] = seeds[b]
+        for v in range(n_views):
+            view[:] = 0.0
+            for j in range(counts[b]):
+                c = code_ids[b, j]
+                jitter_code(maps[c], n_maps[c], st, prm.jit_lo, prm.jit_hi, prm.jit_tries, m, probs)
+                build_lut(probs, lut)
+                chain_starts(m, n_maps[c], starts)
+                size = max(1, int(uniform(st, prm.scale_lo, prm.scale_hi) * side + 0.5))
+                r = min(size, cap)
+                patch[:] = False
+                if uniform(st, 0.0, 1.0) < prm.patch_p:
+                    bits = next_u64(st)
+                    for q in range(9):
+                        patch[q // 3, q % 3] = ((bits >> np.uint64(q)) & np.uint64(1)) != 0
+                patch[1, 1] = True
+                canvas = canvas_buf[: (r + 2) * (r + 2)].reshape(r + 2, r + 2)
+                canvas[:] = 0.0
+                chaos_game(m, lut, starts, prm.n_steps, next_u64(st), r, canvas, patch)
+                grade(canvas, r, graded, mask)
+                g_arr, c_arr = graded, mask
+                if r != size:
+                    resize_bilinear(graded, r, size, big_g, rows, i0, i1, frac)
+                    resize_bilinear(mask, r, size, big_c, rows, i0, i1, frac)
+                    g_arr, c_arr = big_g, big_c
+                hue = uniform(st, 0.0, 1.0)
+                sat = uniform(st, prm.sat_lo, prm.sat_hi)
+                val = uniform(st, prm.val_lo, prm.val_hi)
+                dihedral = np.int64(next_u64(st) & np.uint64(7)) if prm.flips else np.int64(0)
+                off = int(prm.off_canvas * size)
+                span = side - size + 2 * off + 1  # positions keeping >= (1 - off_canvas) of each side inside
+                oy = -off + min(int(uniform(st, 0.0, span)), span - 1)
+                ox = -off + min(int(uniform(st, 0.0, span)), span - 1)
+                composite(view, g_arr, c_arr, size, oy, ox, dihedral, hue, sat, val)
+            if uniform(st, 0.0, 1.0) < prm.blur_p:
+                sigma = uniform(st, prm.blur_lo, prm.blur_hi)
+                radius = min(max(1, int(math.ceil(2.0 * sigma))), side // 2)
+                gaussian_blur(view, tmp, sigma, radius, weights)
+            to_uint8(view, out[v, b])
+
+
+def render_batch(bank: CodeBank, cfg: RenderConfig, code_ids: np.ndarray, counts: np.ndarray,
+           seeds: np.ndarray, n_views: int) -> np.ndarray:
+    """Render B scenes (codes ``code_ids[b, :counts[b]]`` of ``bank``) as uint8 (n_views, B, S, S, 3)."""
+    code_ids = np.ascontiguousarray(code_ids, dtype=np.int64)
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    if code_ids.ndim != 2 or counts.shape != (len(code_ids),) or counts.max(initial=0) > code_ids.shape[1]:
+        raise ValueError("code_ids must be (B, I) and counts (B,) with counts <= I")
+    out = np.empty((n_views, len(code_ids), cfg.size, cfg.size, 3), np.uint8)
+    render_scenes(bank.maps, bank.n_maps, code_ids, counts, np.asarray(seeds, np.uint64),
+                  _kernel_params(cfg), out)
+    return out
+
+
+def _draw_counts(cfg: RenderConfig, n: int, rng: np.random.Generator) -> np.ndarray:
+    lo, hi = cfg.codes_per_image
+    return rng.integers(lo, hi + 1, n)
+
+
+def _distinct_codes(n_codes: int, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """Codes (B, I), distinct across the whole batch when the bank is large enough, else within rows."""
+    b, i = shape
+    if b * i <= n_codes:
+        return rng.choice(n_codes, b * i, replace=False).reshape(b, i)
+    if i > n_codes:
+        raise ValueError(f"{i} distinct codes per image requested from a bank of {n_codes}")
+    return np.stack([rng.choice(n_codes, i, replace=False) for _ in range(b)])
+
+
+def _seeds(n: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(0, np.iinfo(np.int64).max, n, dtype=np.int64).astype(np.uint64)
+
+
+def fps_pairs(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Generator):
+    """n FPS pairs: uint8 views (2, n, S, S, 3), code ids (n, I_max) with -1 padding, counts (n,)."""
+    counts = _draw_counts(cfg, n, rng)
+    codes = _distinct_codes(len(bank), (n, cfg.codes_per_image[1]), rng)
+    views = render_batch(bank, cfg, codes, counts, _seeds(n, rng), n_views=2)
+    return views, np.where(np.arange(codes.shape[1]) < counts[:, None], codes, -1), counts
+
+
+def multilabel_images(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Generator,
+                      n_classes: int = 1000):
+    """n multi-label images (1, n, S, S, 3) over classes = the first ``n_classes`` codes, multi-hot float32
+    labels (n, n_classes) (Anderson & Farrell 2022, J = 1,000) and the code ids (n, I_max), -1 padded."""
+    if not cfg.codes_per_image[1] <= n_classes <= len(bank):
+        raise ValueError(f"n_classes must lie in [{cfg.codes_per_image[1]}, {len(bank)}], got {n_classes}")
+    counts = _draw_counts(cfg, n, rng)
+    codes = np.stack([rng.choice(n_classes, cfg.codes_per_image[1], replace=False) for _ in range(n)])
+    images = render_batch(bank, cfg, codes, counts, _seeds(n, rng), n_views=1)
+    labels = np.zeros((n, n_classes), np.float32)
+    present = np.arange(codes.shape[1]) < counts[:, None]
+    labels[np.nonzero(present)[0], codes[present]] = 1.0
+    return images, labels, np.where(present, codes, -1)
+
+
+def single_images(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Generator):
+    """n single-fractal images (1, n, S, S, 3), each one code filling the view, and their code ids (n,).
+
+    Both SimSiam views of such an image come from image-level augmentation ("fractal + SimSiam", Table 6).
+    """
+    cfg = RenderConfig(**{**asdict(cfg), "codes_per_image": (1, 1), "scale": (1.0, 1.0), "off_canvas": 0.0})
+    codes = rng.integers(0, len(bank), (n, 1))
+    images = render_batch(bank, cfg, codes, np.ones(n, np.int64), _seeds(n, rng), n_views=1)
+    return images, codes[:, 0]

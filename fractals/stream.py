@@ -1,0 +1,96 @@
+"""An endless-but-sized stream of fractal batches for pre-training (Chen et al., ICLR 2023, §4.2).
+
+The paper draws 1M FPS pairs per epoch on the fly. :class:`FractalStream` is an ``IterableDataset`` that yields
+whole batches (use ``DataLoader(stream, batch_size=None)``). Batch i of epoch e is generated from
+``SeedSequence([seed, e, i])`` and batches are dealt round-robin to DataLoader workers, so every worker has
+its own stream (worker w makes batches w, w + W, ...), no two workers repeat each other, and the epoch's
+content is the same whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .augment import AugmentConfig, augment
+from .ifs import CodeBank
+from .scenes import RenderConfig, fps_pairs, multilabel_images, single_images
+
+KINDS = ("fps", "multilabel", "single")
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    kind: str = "fps"  # fps | multilabel | single (paper Fig. 2c and the Table 6 baselines)
+    batch_size: int = 256  # pairs (or images) per batch (Appendix A.2: 256)
+    pairs_per_epoch: int = 1_000_000  # Appendix A.2: 1M pairs per epoch
+    seed: int = 0
+    n_classes: int = 1000  # multilabel only: J classes (Anderson & Farrell 2022)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.batch_size <= 0 or self.pairs_per_epoch <= 0:
+            raise ValueError("batch_size and pairs_per_epoch must be positive")
+
+
+class FractalStream(IterableDataset):
+    """Yields dicts of whole batches.
+
+    Without ``augment``: ``{"images": uint8 (V, B, S, S, 3), "codes": int64 (B, I)}`` with V = 2 for FPS
+    (the two views) and V = 1 otherwise; multilabel adds ``"labels"`` float32 (B, J).
+    With ``augment`` (image-level augmentation on CPU, in the worker): ``"views"`` float32 (V', B, 3, S, S)
+    replaces ``"images"``, with V' = 2 for fps and single (two augmentations of one image) and 1 for
+    multilabel. On a GPU, leave ``augment`` unset and run :func:`fractals.augment.augment` on the device.
+    """
+
+    def __init__(self, bank: CodeBank, render: RenderConfig, cfg: StreamConfig,
+                 augment_cfg: AugmentConfig | None = None):
+        super().__init__()
+        self.bank, self.render, self.cfg, self.augment_cfg = bank, render, cfg, augment_cfg
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's stream; call before iterating (workers copy the dataset at iteration start)."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return math.ceil(self.cfg.pairs_per_epoch / self.cfg.batch_size)
+
+    def batch(self, index: int) -> dict[str, torch.Tensor]:
+        """Batch ``index`` of the current epoch; a pure function of (seed, epoch, index)."""
+        cfg = self.cfg
+        n = min(cfg.batch_size, cfg.pairs_per_epoch - index * cfg.batch_size)
+        if n <= 0:
+            raise IndexError(f"batch {index} is past the end of the epoch ({len(self)} batches)")
+        rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, self.epoch, index]))
+        out: dict[str, torch.Tensor] = {}
+        if cfg.kind == "fps":
+            images, codes, _ = fps_pairs(self.bank, self.render, n, rng)
+        elif cfg.kind == "multilabel":
+            images, labels, codes = multilabel_images(self.bank, self.render, n, rng, cfg.n_classes)
+            out["labels"] = torch.from_numpy(labels)
+        else:
+            images, codes = single_images(self.bank, self.render, n, rng)
+            codes = codes[:, None]
+        out["codes"] = torch.from_numpy(np.asarray(codes, np.int64))
+        images_t = torch.from_numpy(images)
+        if self.augment_cfg is None:
+            out["images"] = images_t
+        else:
+            gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
+            sources = [images_t[0], images_t[0]] if cfg.kind == "single" else list(images_t)
+            out["views"] = torch.stack([augment(v, self.augment_cfg, gen) for v in sources])
+        return out
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
+        for index in range(worker, len(self), n_workers):
+            yield self.batch(index)

@@ -1,0 +1,121 @@
+"""FPS pair semantics and the baselines (Chen et al., ICLR 2023, §4.2, Fig. 2c, Table 6)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from fractals.ifs import sample_codes
+from fractals.scenes import RenderConfig, fps_pairs, multilabel_images, render_batch, single_images
+
+
+@pytest.fixture(scope="module")
+def bank():
+    return sample_codes(3000, seed=5)
+
+
+def _crop(img):
+    ys, xs = np.nonzero(img.max(-1))
+    return img[ys.min(): ys.max() + 1, xs.min(): xs.max() + 1].max(-1) > 0
+
+
+def _iou(a, b):
+    h, w = min(a.shape[0], b.shape[0]), min(a.shape[1], b.shape[1])
+    a, b = a[:h, :w], b[:h, :w]
+    return (a & b).sum() / max((a | b).sum(), 1)
+
+
+def test_views_share_codes_and_nothing_else(bank):
+    # Freeze everything but the chaos game's draws and the placement: one code then gives the same shape
+    # in both views, and different codes give different shapes.
+    cfg = RenderConfig(size=48, points=20_000, jitter=(1.0, 1.0), flips=False, scale=(0.5, 0.5),
+                       off_canvas=0.0, blur_p=0.0, saturation=(0.0, 0.0), value=(1.0, 1.0))
+    codes = np.arange(10)[:, None]
+    views = render_batch(bank, cfg, codes, np.ones(10, np.int64), np.arange(10, dtype=np.uint64), 2)
+    same = [_iou(_crop(views[0, i]), _crop(views[1, i])) for i in range(10)]
+    other = [_iou(_crop(views[0, i]), _crop(views[1, (i + 1) % 10])) for i in range(10)]
+    assert np.median(same) > 0.85
+    assert np.median(other) < 0.6
+    assert not np.array_equal(views[0], views[1])  # placement differs
+
+
+def test_two_instances_of_a_code_differ(bank):
+    cfg = RenderConfig.preset(32, blur_p=0.0)
+    views = render_batch(bank, cfg, np.arange(50)[:, None], np.ones(50, np.int64),
+                         np.arange(50, dtype=np.uint64), 2)
+    assert all(not np.array_equal(views[0, i], views[1, i]) for i in range(50))
+    assert all(views[v, i].max() > 0 for v in range(2) for i in range(50))  # nothing renders empty
+
+
+def test_pairs_use_distinct_codes(bank):
+    cfg = RenderConfig.preset(32)
+    views, codes, counts = fps_pairs(bank, cfg, 200, np.random.default_rng(0))
+    assert views.shape == (2, 200, 32, 32, 3) and views.dtype == np.uint8
+    assert np.all(counts == 2) and np.all(codes >= 0)
+    for a, b in zip(codes[:-1], codes[1:], strict=True):
+        assert len(set(a)) == len(a) and not set(a) & set(b)
+
+
+def test_224_setting_draws_two_to_five_codes(bank):
+    cfg = RenderConfig.preset(224, points=4000)
+    views, codes, counts = fps_pairs(bank, cfg, 40, np.random.default_rng(1))
+    assert views.shape == (2, 40, 224, 224, 3)
+    assert counts.min() == 2 and counts.max() == 5 and len(np.unique(counts)) == 4
+    assert np.all((codes >= 0).sum(1) == counts)
+
+
+def test_same_seed_same_batch(bank):
+    cfg = RenderConfig.preset(32)
+    a = fps_pairs(bank, cfg, 16, np.random.default_rng(42))
+    b = fps_pairs(bank, cfg, 16, np.random.default_rng(42))
+    c = fps_pairs(bank, cfg, 16, np.random.default_rng(43))
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert not np.array_equal(a[0], c[0])
+
+
+def test_scene_depends_only_on_its_seed(bank):
+    cfg = RenderConfig.preset(32)
+    codes = np.arange(16).reshape(8, 2)
+    seeds = np.arange(100, 108, dtype=np.uint64)
+    full = render_batch(bank, cfg, codes, np.full(8, 2), seeds, 2)
+    alone = render_batch(bank, cfg, codes[3:4], np.full(1, 2), seeds[3:4], 2)
+    assert np.array_equal(full[:, 3], alone[:, 0])
+
+
+def test_multilabel_labels_match_codes(bank):
+    cfg = RenderConfig.preset(32, codes_per_image=(1, 4))
+    images, labels, codes = multilabel_images(bank, cfg, 64, np.random.default_rng(0), n_classes=100)
+    assert images.shape == (1, 64, 32, 32, 3) and labels.shape == (64, 100)
+    for row, ids in zip(labels, codes, strict=True):
+        ids = ids[ids >= 0]
+        assert set(np.nonzero(row)[0]) == set(ids) and 1 <= len(ids) <= 4
+    assert codes.max() < 100
+
+
+def test_single_fractal_fills_the_view(bank):
+    cfg = RenderConfig.preset(32, blur_p=0.0)
+    images, codes = single_images(bank, cfg, 20, np.random.default_rng(0))
+    assert images.shape == (1, 20, 32, 32, 3) and codes.shape == (20,)
+    for img in images[0]:
+        ys, xs = np.nonzero(img.max(-1))
+        assert (ys.min(), ys.max()) == (0, 31) or (xs.min(), xs.max()) == (0, 31)
+
+
+def test_patch_splat_thickens_strokes(bank):
+    base = RenderConfig.preset(32, blur_p=0.0, points=200)
+    args = (np.arange(30)[:, None], np.ones(30, np.int64), np.arange(30, dtype=np.uint64), 1)
+    thin = render_batch(bank, base, *args)
+    thick = render_batch(bank, replace(base, patch_p=1.0), *args)
+    assert (thick.max(-1) > 0).sum() > 1.2 * (thin.max(-1) > 0).sum()
+
+
+@pytest.mark.parametrize("bad", [dict(size=8), dict(points=0), dict(codes_per_image=(3, 2)),
+                                 dict(scale=(0.0, 0.5)), dict(off_canvas=0.6), dict(blur_p=1.5)])
+def test_config_rejects_bad_values(bad):
+    with pytest.raises(ValueError):
+        RenderConfig(**bad)
+
+
+def test_render_batch_rejects_bad_shapes(bank):
+    with pytest.raises(ValueError):
+        render_batch(bank, RenderConfig(), np.zeros((4, 2)), np.full(4, 3), np.zeros(4, np.uint64), 2)
