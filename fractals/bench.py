@@ -32,7 +32,8 @@ def measure(bank: CodeBank, size: int, pairs: int, workers: int = 1, augs: bool 
             seed: int = 0, progress: bool = False) -> dict:
     """Time ``pairs`` FPS pairs at ``size`` px; returns the JSON record of ``fractals bench``."""
     render = RenderConfig.preset(size)
-    cfg = StreamConfig(kind="fps", batch_size=min(default_batch(size), pairs), pairs_per_epoch=pairs, seed=seed)
+    cfg = StreamConfig(kind="fps", batch_size=min(default_batch(size), pairs), pairs_per_epoch=pairs,
+                       seed=seed)
     stream = FractalStream(bank, render, cfg, AugmentConfig() if augs else None)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -97,11 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(run=cmd_preview)
 
     m = sub.add_parser("bench", help="measure FPS pair throughput (one worker = one core)")
-    m.add_argument("--size", type=int, default=32, help="image side in px: 32 (1K points) or 224 (100K points)")
+    m.add_argument("--size", type=int, default=32,
+                   help="image side in px: 32 (1K points a fractal) or 224 (100K points)")
     m.add_argument("--augs", action="store_true", help="include the image-level augmentations (on CPU)")
     m.add_argument("--pairs", type=int, default=None,
                    help="pairs to time (default: 100000 at 32 px, 1000 at larger sizes)")
-    m.add_argument("--workers", type=int, default=1, help="DataLoader worker processes (default: 1, one core)")
+    m.add_argument("--workers", type=int, default=1,
+                   help="DataLoader worker processes (default: 1, i.e. one core)")
     m.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     m.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
     m.add_argument("--json", action="store_true", help="print one JSON line instead of a sentence")

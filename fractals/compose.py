@@ -70,10 +70,10 @@ def composite(view, gsum, cover, n, oy, ox, dihedral, hue, sat, val):
 
     cover[a, b] in [0, 1] is the instance's coverage of pixel (a, b) (its hit mask, bilinearly resized
     when the instance was rendered at another size) and gsum[a, b] the coverage-weighted grade, so
-    g = gsum / cover is the mean grade of the hits under it. The pixel gets colour cover * HSV(hue + g, sat,
-    val) with hue in [0, 1): denser parts shift hue. dihedral (0..7): bit 0 flips rows, bit 1 flips columns, bit 2 then
-    transposes. (oy, ox) is the top-left corner on the view and may lie off it. Iterating over the source
-    touches only covered pixels, which are a small fraction of a fractal's box.
+    g = gsum / cover is the mean grade of the hits under it. The pixel gets colour cover * HSV(hue + g,
+    sat, val) with hue in [0, 1): denser parts shift hue. dihedral (0..7): bit 0 flips rows, bit 1 flips
+    columns, bit 2 then transposes. (oy, ox) is the top-left corner on the view and may lie off it.
+    Iterating over the source touches only covered pixels, a small fraction of a fractal's box.
     """
     s_view = view.shape[0]
     vs = val * sat

@@ -21,7 +21,17 @@ import numpy as np
 
 from .compose import composite, gaussian_blur, resize_bilinear, to_uint8
 from .ifs import MAX_MAPS, CodeBank
-from .render import CHAINS, LUT_SIZE, build_lut, chain_starts, chaos_game, grade, jitter_code, next_u64, uniform
+from .render import (
+    CHAINS,
+    LUT_SIZE,
+    build_lut,
+    chain_starts,
+    chaos_game,
+    grade,
+    jitter_code,
+    next_u64,
+    uniform,
+)
 
 
 @dataclass(frozen=True)

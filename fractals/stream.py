@@ -1,7 +1,7 @@
 """An endless-but-sized stream of fractal batches for pre-training (Chen et al., ICLR 2023, §4.2).
 
-The paper draws 1M FPS pairs per epoch on the fly. :class:`FractalStream` is an ``IterableDataset`` that yields
-whole batches (use ``DataLoader(stream, batch_size=None)``). Batch i of epoch e is generated from
+The paper draws 1M FPS pairs per epoch on the fly. :class:`FractalStream` is an ``IterableDataset`` that
+yields whole batches (use ``DataLoader(stream, batch_size=None)``). Batch i of epoch e is generated from
 ``SeedSequence([seed, e, i])`` and batches are dealt round-robin to DataLoader workers, so every worker has
 its own stream (worker w makes batches w, w + W, ...), no two workers repeat each other, and the epoch's
 content is the same whatever the number of workers.

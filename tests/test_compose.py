@@ -63,7 +63,8 @@ def test_dihedral_codes_are_the_eight_symmetries():
     assert len(seen) == 8
 
 
-@pytest.mark.parametrize(("sigma", "radius", "side"), [(0.5, 1, 32), (1.0, 2, 32), (2.0, 4, 40), (0.3, 3, 16)])
+@pytest.mark.parametrize(("sigma", "radius", "side"),
+                         [(0.5, 1, 32), (1.0, 2, 32), (2.0, 4, 40), (0.3, 3, 16)])
 def test_blur_matches_reference(sigma, radius, side):
     view = np.random.default_rng(side).uniform(size=(side, side, 3)).astype(np.float32)
     expected = ref.gaussian_blur(view, sigma, radius)

@@ -1,0 +1,85 @@
+"""The batch stream: sizes, determinism and per-worker RNG streams."""
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fractals.augment import AugmentConfig
+from fractals.ifs import sample_codes
+from fractals.scenes import RenderConfig
+from fractals.stream import FractalStream, StreamConfig
+
+
+@pytest.fixture(scope="module")
+def bank():
+    return sample_codes(2000, seed=2)
+
+
+def _stream(bank, **kw):
+    aug = kw.pop("augment", None)
+    return FractalStream(bank, RenderConfig.preset(32), StreamConfig(**{"batch_size": 8, **kw}), aug)
+
+
+def test_epoch_has_the_configured_pairs(bank):
+    stream = _stream(bank, pairs_per_epoch=30)
+    batches = list(stream)
+    assert len(stream) == len(batches) == 4
+    assert [b["images"].shape[1] for b in batches] == [8, 8, 8, 6]
+    assert batches[0]["images"].shape == (2, 8, 32, 32, 3) and batches[0]["images"].dtype == torch.uint8
+
+
+def test_same_seed_same_stream_and_epochs_differ(bank):
+    a, b = list(_stream(bank, pairs_per_epoch=16)), list(_stream(bank, pairs_per_epoch=16))
+    assert all(torch.equal(x["images"], y["images"]) for x, y in zip(a, b, strict=True))
+    other = _stream(bank, pairs_per_epoch=16)
+    other.set_epoch(1)
+    assert not torch.equal(next(iter(other))["images"], a[0]["images"])
+    reseeded = _stream(bank, pairs_per_epoch=16, seed=1)
+    assert not torch.equal(next(iter(reseeded))["images"], a[0]["images"])
+
+
+def test_workers_get_distinct_streams_and_the_epoch_is_worker_invariant(bank):
+    stream = _stream(bank, pairs_per_epoch=32)
+    alone = list(stream)
+    loader = DataLoader(stream, batch_size=None, num_workers=2)
+    parallel = list(loader)
+    assert len(parallel) == len(alone) == 4
+    # Worker 0 made batches 0 and 2, worker 1 made 1 and 3; no two batches repeat each other.
+    codes = [b["codes"] for b in parallel]
+    assert all(not torch.equal(codes[i], codes[j]) for i in range(4) for j in range(i + 1, 4))
+    assert all(torch.equal(x["images"], y["images"]) for x, y in zip(alone, parallel, strict=True))
+
+
+def test_batch_index_past_the_end(bank):
+    with pytest.raises(IndexError):
+        _stream(bank, pairs_per_epoch=16).batch(2)
+
+
+@pytest.mark.parametrize(("kind", "views"), [("fps", 2), ("single", 2), ("multilabel", 1)])
+def test_augmented_views(bank, kind, views):
+    stream = _stream(bank, kind=kind, pairs_per_epoch=8, n_classes=50, augment=AugmentConfig())
+    batch = next(iter(stream))
+    assert batch["views"].shape == (views, 8, 3, 32, 32) and batch["views"].dtype == torch.float32
+    assert torch.isfinite(batch["views"]).all()
+    if kind == "single":  # two augmentations of the same image differ
+        assert not torch.equal(batch["views"][0], batch["views"][1])
+    if kind == "multilabel":
+        assert batch["labels"].shape == (8, 50)
+        assert torch.equal(batch["labels"].sum(1), (batch["codes"] >= 0).sum(1).float())
+
+
+def test_bad_stream_config():
+    with pytest.raises(ValueError):
+        StreamConfig(kind="mosaic")
+    with pytest.raises(ValueError):
+        StreamConfig(batch_size=0)
+
+
+def test_codes_are_padded_with_minus_one(bank):
+    cfg = StreamConfig(batch_size=16, pairs_per_epoch=16)
+    stream = FractalStream(bank, RenderConfig.preset(224, points=400), cfg)
+    batch = next(iter(stream))
+    counts = (batch["codes"] >= 0).sum(1).numpy()
+    assert counts.min() >= 2 and counts.max() <= 5
+    assert np.all(batch["codes"].numpy()[batch["codes"].numpy() < 0] == -1)
