@@ -251,8 +251,10 @@ def test_augment_jitter_component_is_its_op_with_a_factor_in_range(i, op):
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="probabilities"):
         AugmentConfig(blur_p=1.5)
-    with pytest.raises(ValueError, match="blur_kernel"):
-        AugmentConfig(blur_kernel=4)
+    for kernel in (4, -1):
+        with pytest.raises(ValueError, match="blur_kernel"):
+            AugmentConfig(blur_kernel=kernel)
+    assert AugmentConfig(blur_kernel=5).blur_kernel == 5
 
 
 @pytest.mark.gpu
