@@ -156,26 +156,30 @@ def chaos_bbox(maps, lut, starts, n_steps, seed):
 
 
 @nb.njit(inline="always")
-def _pixel(x, y, ox, oy, scale, w):
-    # Flat index into the padded (w x w) canvas; the +1 skips the border ring.
-    return (int((y - oy) * scale + 0.5) + 1) * w + int((x - ox) * scale + 0.5) + 1
+def _raster_frame(bbox, res):
+    """(cx, cy, scale) such that pixel = int(p * scale + c) lies in [0, res - 1] for p in the box.
+
+    The scale is isotropic, so the box's longer side spans res pixels and the shorter side is centred.
+    """
+    x0, x1, y0, y1 = bbox
+    span = max(x1 - x0, y1 - y0, 1e-12)
+    scale = (res - 1) / span
+    ox, oy = x0 - 0.5 * (span - (x1 - x0)), y0 - 0.5 * (span - (y1 - y0))
+    return 0.5 - ox * scale, 0.5 - oy * scale, scale
 
 
 @nb.njit(inline="always")
-def _raster_frame(bbox, res):
-    # Isotropic scale so the box's longer side spans res pixels; the origin is shifted so that the shorter
-    # side is centred. pixel = int((p - origin) * scale + 0.5) then lies in [0, res - 1].
-    x0, x1, y0, y1 = bbox
-    span = max(x1 - x0, y1 - y0, 1e-12)
-    return x0 - 0.5 * (span - (x1 - x0)), y0 - 0.5 * (span - (y1 - y0)), (res - 1) / span
+def _pixel(x, y, cx, cy, scale, w):
+    # Flat offset of the point's pixel from the canvas's first interior pixel (row stride w).
+    return int(y * scale + cy) * w + int(x * scale + cx)
 
 
 @nb.njit(cache=True)
 def chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, canvas):
-    """Replay the chains of :func:`chaos_bbox` and add 1 per point to ``canvas`` (res + 2, res + 2)."""
-    ox, oy, scale = _raster_frame(bbox, res)
+    """Replay the chains of :func:`chaos_bbox` and add 1 per point to the int32 ``canvas`` (res+2, res+2)."""
+    cx_, cy_, scale = _raster_frame(bbox, res)
     w = res + 2
-    flat = canvas.reshape(-1)
+    inner = canvas.reshape(-1)[w + 1:]
     st = np.full(1, seed, np.uint64)
     ax, ay, bx, by = starts[0, 0], starts[0, 1], starts[1, 0], starts[1, 1]
     cx, cy, dx, dy = starts[2, 0], starts[2, 1], starts[3, 0], starts[3, 1]
@@ -183,17 +187,18 @@ def chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, canvas):
     for i in range(n_steps):
         z = next_u64(st) if i % 2 == 0 else z >> np.uint64(32)
         ax, ay, bx, by, cx, cy, dx, dy = _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy)
-        flat[_pixel(ax, ay, ox, oy, scale, w)] += 1.0
-        flat[_pixel(bx, by, ox, oy, scale, w)] += 1.0
-        flat[_pixel(cx, cy, ox, oy, scale, w)] += 1.0
-        flat[_pixel(dx, dy, ox, oy, scale, w)] += 1.0
+        # Unsigned indices spare numba its negative-index wraparound check (they are >= 0 by construction).
+        inner[np.uint64(_pixel(ax, ay, cx_, cy_, scale, w))] += 1
+        inner[np.uint64(_pixel(bx, by, cx_, cy_, scale, w))] += 1
+        inner[np.uint64(_pixel(cx, cy, cx_, cy_, scale, w))] += 1
+        inner[np.uint64(_pixel(dx, dy, cx_, cy_, scale, w))] += 1
 
 
 @nb.njit(cache=True)
 def chaos_raster_patch(maps, lut, starts, n_steps, seed, bbox, res, canvas, offs, n_offs):
     """As :func:`chaos_raster`, but each point adds 1 at the flat offsets offs[:n_offs] around its pixel
     (a 3x3 patch splat, Anderson & Farrell 2022); spill lands in the canvas's border ring."""
-    ox, oy, scale = _raster_frame(bbox, res)
+    cx_, cy_, scale = _raster_frame(bbox, res)
     w = res + 2
     flat = canvas.reshape(-1)
     st = np.full(1, seed, np.uint64)
@@ -203,13 +208,15 @@ def chaos_raster_patch(maps, lut, starts, n_steps, seed, bbox, res, canvas, offs
     for i in range(n_steps):
         z = next_u64(st) if i % 2 == 0 else z >> np.uint64(32)
         ax, ay, bx, by, cx, cy, dx, dy = _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy)
-        pa, pb = _pixel(ax, ay, ox, oy, scale, w), _pixel(bx, by, ox, oy, scale, w)
-        pc, pd = _pixel(cx, cy, ox, oy, scale, w), _pixel(dx, dy, ox, oy, scale, w)
+        pa = w + 1 + _pixel(ax, ay, cx_, cy_, scale, w)
+        pb = w + 1 + _pixel(bx, by, cx_, cy_, scale, w)
+        pc = w + 1 + _pixel(cx, cy, cx_, cy_, scale, w)
+        pd = w + 1 + _pixel(dx, dy, cx_, cy_, scale, w)
         for o in range(n_offs):
-            flat[pa + offs[o]] += 1.0
-            flat[pb + offs[o]] += 1.0
-            flat[pc + offs[o]] += 1.0
-            flat[pd + offs[o]] += 1.0
+            flat[pa + offs[o]] += 1
+            flat[pb + offs[o]] += 1
+            flat[pc + offs[o]] += 1
+            flat[pd + offs[o]] += 1
 
 
 @nb.njit(cache=True)
@@ -225,7 +232,7 @@ def patch_offsets(patch, res, offs):
 
 @nb.njit(cache=True)
 def chaos_game(maps, lut, starts, n_steps, seed, res, canvas, patch):
-    """Both passes: bounding box, then rasterisation into the zeroed canvas (res + 2, res + 2)."""
+    """Both passes: bounding box, then rasterisation into the zeroed int32 canvas (res + 2, res + 2)."""
     bbox = chaos_bbox(maps, lut, starts, n_steps, seed)
     if not (np.isfinite(bbox[0]) and np.isfinite(bbox[1]) and np.isfinite(bbox[2]) and np.isfinite(bbox[3])):
         return bbox  # a diverging code (not from our sampler) renders empty rather than writing out of bounds
@@ -242,13 +249,13 @@ def chaos_game(maps, lut, starts, n_steps, seed, res, canvas, patch):
 def grade(canvas, res, graded, mask):
     """Crop the padded hit counts to res x res: ``graded`` = counts / max count (the graded canvas),
     ``mask`` = 1 where hit."""
-    peak = np.float32(0.0)
+    peak = 0
     for y in range(res):
         for x in range(res):
             peak = max(peak, canvas[y + 1, x + 1])
-    inv = np.float32(1.0) / peak if peak > 0.0 else np.float32(0.0)
+    inv = np.float32(1.0) / np.float32(peak) if peak > 0 else np.float32(0.0)
     for y in range(res):
         for x in range(res):
             v = canvas[y + 1, x + 1]
-            graded[y, x] = v * inv
-            mask[y, x] = 1.0 if v > 0.0 else 0.0
+            graded[y, x] = np.float32(v) * inv
+            mask[y, x] = 1.0 if v > 0 else 0.0

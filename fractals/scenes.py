@@ -109,7 +109,7 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
     """
     n_views, n_scenes, side = out.shape[0], out.shape[1], out.shape[2]
     cap = prm.render_cap
-    canvas_buf = np.empty((cap + 2) * (cap + 2), np.float32)
+    canvas_buf = np.empty((cap + 2) * (cap + 2), np.int32)
     graded = np.empty((cap, cap), np.float32)
     mask = np.empty((cap, cap), np.float32)
     max_size = max(1, int(prm.scale_hi * side + 0.5))
@@ -146,7 +146,7 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
                         patch[q // 3, q % 3] = ((bits >> np.uint64(q)) & np.uint64(1)) != 0
                 patch[1, 1] = True
                 canvas = canvas_buf[: (r + 2) * (r + 2)].reshape(r + 2, r + 2)
-                canvas[:] = 0.0
+                canvas[:] = 0
                 chaos_game(m, lut, starts, prm.n_steps, next_u64(st), r, canvas, patch)
                 grade(canvas, r, graded, mask)
                 g_arr, c_arr = graded, mask

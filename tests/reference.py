@@ -27,9 +27,10 @@ def chaos_canvas(maps, starts, choices, res, patch) -> tuple[np.ndarray, tuple]:
     span = max(x1 - x0, y1 - y0, 1e-12)
     scale = (res - 1) / span
     ox, oy = x0 - 0.5 * (span - (x1 - x0)), y0 - 0.5 * (span - (y1 - y0))
-    px = ((pts[:, 0] - ox) * scale + 0.5).astype(np.int64) + 1
-    py = ((pts[:, 1] - oy) * scale + 0.5).astype(np.int64) + 1
-    canvas = np.zeros((res + 2, res + 2), np.float32)
+    # pixel = round((p - origin) * scale), computed as p * scale + (0.5 - origin * scale) like the kernel
+    px = (pts[:, 0] * scale + (0.5 - ox * scale)).astype(np.int64) + 1
+    py = (pts[:, 1] * scale + (0.5 - oy * scale)).astype(np.int64) + 1
+    canvas = np.zeros((res + 2, res + 2), np.int32)
     for dy, dx in zip(*np.nonzero(patch), strict=True):
         np.add.at(canvas, (py + dy - 1, px + dx - 1), 1.0)
     return canvas, (x0, x1, y0, y1)

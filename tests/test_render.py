@@ -35,7 +35,7 @@ def test_kernel_matches_numpy_reference_exactly(bank, code, res, steps, cells):
     maps, lut, starts = _prepare(bank, code)
     seed = np.uint64(1234 + code)
     patch = _patch(cells)
-    canvas = np.zeros((res + 2, res + 2), np.float32)
+    canvas = np.zeros((res + 2, res + 2), np.int32)
     bbox = R.chaos_game(maps, lut, starts, steps, seed, res, canvas, patch)
     choices = R.map_choices(lut, steps, seed)
     expected, expected_bbox = ref.chaos_canvas(maps, starts, choices, res, patch)
@@ -46,7 +46,7 @@ def test_kernel_matches_numpy_reference_exactly(bank, code, res, steps, cells):
 
 def test_points_fill_the_canvas_box(bank):
     maps, lut, starts = _prepare(bank, 5)
-    canvas = np.zeros((42, 42), np.float32)
+    canvas = np.zeros((42, 42), np.int32)
     R.chaos_game(maps, lut, starts, 500, np.uint64(3), 40, canvas, _patch([4]))
     rows, cols = np.nonzero(canvas)
     # The longer side of the bounding box spans the whole canvas; nothing lands in the border ring.
@@ -115,8 +115,8 @@ def test_spectral_norm_matches_svd(bank):
 
 
 def test_grade_normalises_by_peak():
-    canvas = np.zeros((6, 6), np.float32)
-    canvas[1, 1], canvas[2, 3], canvas[4, 4] = 4.0, 2.0, 1.0
+    canvas = np.zeros((6, 6), np.int32)
+    canvas[1, 1], canvas[2, 3], canvas[4, 4] = 4, 2, 1
     graded, mask = np.zeros((4, 4), np.float32), np.zeros((4, 4), np.float32)
     R.grade(canvas, 4, graded, mask)
     assert graded[0, 0] == 1.0 and graded[1, 2] == 0.5 and graded[3, 3] == 0.25
@@ -129,6 +129,6 @@ def test_diverging_code_renders_empty_instead_of_crashing():
     maps[0, 4:] = [1.0, 1.0]
     lut = np.zeros(R.LUT_SIZE, np.uint8)
     starts = np.full((R.CHAINS, 2), 0.5)
-    canvas = np.zeros((22, 22), np.float32)
+    canvas = np.zeros((22, 22), np.int32)
     R.chaos_game(maps, lut, starts, 2000, np.uint64(1), 20, canvas, _patch([4]))
     assert canvas.sum() == 0
