@@ -65,7 +65,21 @@ def resize_bilinear(src, r, n, dst, tmp, i0, i1, frac):
 
 
 @nb.njit(cache=True)
-def composite(view, gsum, cover, n, oy, ox, dihedral, hue, sat, val):
+def hue_knots(sat, val, knots):
+    """RGB at the 6 sextant starts of the hue circle and the slope to the next, knots (6, 6).
+
+    With s and v fixed, HSV -> RGB is linear in hue within each sextant, so this table gives the exact
+    colour of any hue by one linear interpolation (see :func:`composite`).
+    """
+    for i in range(6):
+        r0, g0, b0 = hsv_to_rgb(i / 6.0, sat, val)
+        r1, g1, b1 = hsv_to_rgb((i + 1) / 6.0, sat, val)
+        knots[i, 0], knots[i, 1], knots[i, 2] = r0, g0, b0
+        knots[i, 3], knots[i, 4], knots[i, 5] = r1 - r0, g1 - g0, b1 - b0
+
+
+@nb.njit(cache=True)
+def composite(view, gsum, cover, n, oy, ox, dihedral, hue, sat, val, knots):
     """Max-composite one coloured n x n instance onto ``view`` (S, S, 3) float32.
 
     cover[a, b] in [0, 1] is the instance's coverage of pixel (a, b) (its hit mask, bilinearly resized
@@ -73,10 +87,11 @@ def composite(view, gsum, cover, n, oy, ox, dihedral, hue, sat, val):
     g = gsum / cover is the mean grade of the hits under it. The pixel gets colour cover * HSV(hue + g,
     sat, val) with hue in [0, 1): denser parts shift hue. dihedral (0..7): bit 0 flips rows, bit 1 flips
     columns, bit 2 then transposes. (oy, ox) is the top-left corner on the view and may lie off it.
-    Iterating over the source touches only covered pixels, a small fraction of a fractal's box.
+    knots: (6, 6) scratch for :func:`hue_knots`. Iterating over the source touches only covered pixels,
+    a small fraction of a fractal's box.
     """
+    hue_knots(sat, val, knots)
     s_view = view.shape[0]
-    vs = val * sat
     for a in range(n):
         for b in range(n):
             c = cover[a, b]
@@ -89,10 +104,12 @@ def composite(view, gsum, cover, n, oy, ox, dihedral, hue, sat, val):
                 if 0 <= y < s_view and 0 <= x < s_view:
                     h6 = (hue + gsum[a, b] / c) * 6.0  # hue in [0, 1) and grade in [0, 1]: h6 in [0, 12)
                     h6 = h6 - 6.0 if h6 >= 6.0 else h6
-                    px = view[y, x]
-                    px[0] = max(px[0], c * _hsv_channel(5.0, h6, vs, val))
-                    px[1] = max(px[1], c * _hsv_channel(3.0, h6, vs, val))
-                    px[2] = max(px[2], c * _hsv_channel(1.0, h6, vs, val))
+                    k = min(int(h6), 5)
+                    f = h6 - k
+                    # Index the view directly: a per-pixel slice would cost a refcount round trip.
+                    view[y, x, 0] = max(view[y, x, 0], c * (knots[k, 0] + f * knots[k, 3]))
+                    view[y, x, 1] = max(view[y, x, 1], c * (knots[k, 1] + f * knots[k, 4]))
+                    view[y, x, 2] = max(view[y, x, 2], c * (knots[k, 2] + f * knots[k, 5]))
 
 
 @nb.njit(cache=True)
@@ -107,42 +124,46 @@ def gaussian_kernel(sigma, radius, out):
         out[t] /= total
 
 
+@nb.njit(inline="always")
+def _u(i):
+    # Unsigned index: numba then skips its negative-index wraparound check and LLVM vectorises the loop.
+    return np.uint64(i)
+
+
 @nb.njit(cache=True)
 def gaussian_blur(view, tmp, sigma, radius, w):
     """Separable Gaussian blur of ``view`` (S, S, 3) float32 in place, clamp-to-edge borders.
 
-    radius <= S // 2; tmp: float32 scratch of >= (S + 2 * radius + 2) * S * 3 values; w: >= 2 * radius + 1.
-    Work goes row by row with one axpy per tap, so the live rows stay in L1 and the loops vectorise.
+    radius <= S // 2; tmp: float32 scratch of >= (S + 2) * S * 3 values; w: >= 2 * radius + 1 floats.
+    Work goes row by row with one axpy per tap, so live rows stay in L1 and the loops vectorise.
     """
     gaussian_kernel(sigma, radius, w)
     n = view.shape[0]
     row = 3 * n
     taps = 2 * radius + 1
     flat = view.reshape(-1)
-    rows = tmp[: n * row]  # the row-blurred image
-    pad = tmp[n * row: n * row + row + 6 * radius]  # one edge-replicated input row
+    pad = n * row  # tmp[:pad] holds the row-blurred image, tmp[pad:] one edge-replicated input row
     for y in range(n):
-        vrow = flat[y * row: (y + 1) * row]
+        base = y * row
         for i in range(3 * radius):
-            pad[i] = vrow[i % 3]
-            pad[row + 3 * radius + i] = vrow[row - 3 + i % 3]
-        pad[3 * radius: row + 3 * radius] = vrow
-        out = rows[y * row: (y + 1) * row]
-        out[:] = 0.0
+            tmp[pad + i] = flat[base + i % 3]
+            tmp[pad + row + 3 * radius + i] = flat[base + row - 3 + i % 3]
+        for i in range(row):
+            tmp[_u(pad + 3 * radius + i)] = flat[_u(base + i)]
+            tmp[_u(base + i)] = 0.0
         for t in range(taps):
             wt = np.float32(w[t])
-            src = pad[3 * t: 3 * t + row]
             for i in range(row):
-                out[i] += wt * src[i]
+                tmp[_u(base + i)] += wt * tmp[_u(pad + 3 * t + i)]
     for y in range(n):
-        out = flat[y * row: (y + 1) * row]
-        out[:] = 0.0
+        base = y * row
+        for i in range(row):
+            flat[_u(base + i)] = 0.0
         for t in range(taps):
             wt = np.float32(w[t])
-            k = min(max(y + t - radius, 0), n - 1)
-            src = rows[k * row: (k + 1) * row]
+            src = min(max(y + t - radius, 0), n - 1) * row
             for i in range(row):
-                out[i] += wt * src[i]
+                flat[_u(base + i)] += wt * tmp[_u(src + i)]
 
 
 @nb.njit(cache=True)

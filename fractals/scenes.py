@@ -127,6 +127,7 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
     starts = np.empty((CHAINS, 2))
     patch = np.zeros((3, 3), np.bool_)
     weights = np.empty(side + 1)
+    knots = np.empty((6, 6))
     st = np.empty(1, np.uint64)
     for b in range(n_scenes):
         st[0] = seeds[b]
@@ -162,7 +163,7 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
                 span = side - size + 2 * off + 1  # positions keeping >= (1 - off_canvas) of each side inside
                 oy = -off + min(int(uniform(st, 0.0, span)), span - 1)
                 ox = -off + min(int(uniform(st, 0.0, span)), span - 1)
-                composite(view, g_arr, c_arr, size, oy, ox, dihedral, hue, sat, val)
+                composite(view, g_arr, c_arr, size, oy, ox, dihedral, hue, sat, val, knots)
             if uniform(st, 0.0, 1.0) < prm.blur_p:
                 sigma = uniform(st, prm.blur_lo, prm.blur_hi)
                 radius = min(max(1, int(math.ceil(2.0 * sigma))), side // 2)

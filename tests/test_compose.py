@@ -17,6 +17,16 @@ def test_hsv_matches_matplotlib():
     np.testing.assert_allclose(ours, hsv_to_rgb(hsv), atol=1e-12)
 
 
+@pytest.mark.parametrize(("sat", "val"), [(0.3, 0.5), (1.0, 1.0), (0.0, 0.7)])
+def test_hue_knots_interpolate_hsv_exactly(sat, val):
+    knots = np.empty((6, 6))
+    C.hue_knots(sat, val, knots)
+    for h in np.linspace(0, 0.9999, 101):
+        k, f = int(h * 6), h * 6 - int(h * 6)
+        rgb = knots[k, :3] + f * knots[k, 3:]
+        np.testing.assert_allclose(rgb, hsv_to_rgb([h, sat, val]), atol=1e-12)
+
+
 def test_hue_wraps():
     assert C.hsv_to_rgb(1.25, 0.7, 0.9) == pytest.approx(C.hsv_to_rgb(0.25, 0.7, 0.9))
 
@@ -46,7 +56,7 @@ def test_composite_matches_reference(code, oy, ox):
     gsum, cover = _instance(13, code)
     view = np.random.default_rng(1).uniform(0, 0.5, (32, 32, 3)).astype(np.float32)
     expected = ref.composite(view, gsum, cover, 13, oy, ox, code, 0.3, 0.6, 0.8)
-    C.composite(view, gsum, cover, 13, oy, ox, code, 0.3, 0.6, 0.8)
+    C.composite(view, gsum, cover, 13, oy, ox, code, 0.3, 0.6, 0.8, np.empty((6, 6)))
     np.testing.assert_allclose(view, expected, atol=1e-6)
 
 
@@ -55,7 +65,7 @@ def test_dihedral_codes_are_the_eight_symmetries():
     seen = set()
     for code in range(8):
         view = np.zeros((9, 9, 3), np.float32)
-        C.composite(view, gsum, cover, 9, 0, 0, code, 0.0, 0.0, 1.0)  # white: view = coverage
+        C.composite(view, gsum, cover, 9, 0, 0, code, 0.0, 0.0, 1.0, np.empty((6, 6)))  # white: = coverage
         seen.add(view[..., 0].tobytes())
         mats = [np.rot90(cover, k) for k in range(4)]
         mats += [m.T for m in mats]
