@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import numba
 import torch
+from threadpoolctl import threadpool_limits
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -38,6 +39,7 @@ def measure(bank: CodeBank, size: int, pairs: int, workers: int = 1, augs: bool 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     numba.set_num_threads(1)
+    blas = threadpool_limits(1)  # numpy's BLAS pool must not spin on the second core either
     try:
         warm = FractalStream(bank, render, replace(cfg, pairs_per_epoch=min(8, pairs), seed=seed + 1),
                              stream.augment_cfg)
@@ -58,6 +60,7 @@ def measure(bank: CodeBank, size: int, pairs: int, workers: int = 1, augs: bool 
         bar.close()
     finally:
         torch.set_num_threads(threads)
+        blas.restore_original_limits()
     points = codes * 2 * render.points_per_instance  # two instances (one per view) of every code
     return {
         "size": size,
