@@ -100,6 +100,57 @@ def _kernel_params(cfg: RenderConfig) -> _KernelParams:
     )
 
 
+@nb.njit(cache=True)
+def _scratch(side, prm):
+    """Work buffers reused by every instance of a batch (allocation per instance would dominate at 32 px)."""
+    cap = prm.render_cap
+    big = max(1, int(prm.scale_hi * side + 0.5))  # largest instance side
+    return (
+        np.empty((cap + 2) * (cap + 2), np.int32),  # 0: hit counts, padded
+        np.empty((cap, cap), np.float32), np.empty((cap, cap), np.float32),  # 1, 2: grade and hit mask
+        np.empty((big, big), np.float32), np.empty((big, big), np.float32),  # 3, 4: the same, resized
+        np.empty((cap, big), np.float32),  # 5: resize rows
+        np.empty(max(cap, big), np.int64), np.empty(max(cap, big), np.int64), np.empty(max(cap, big)),  # 6-8
+        np.empty((MAX_MAPS, 6)), np.empty(MAX_MAPS), np.empty(LUT_SIZE, np.uint8),  # 9-11: jittered code
+        np.empty((CHAINS, 2)), np.zeros((3, 3), np.bool_), np.empty((6, 6)),  # 12-14: starts, patch, knots
+    )
+
+
+@nb.njit(cache=True)
+def _draw_instance(view, code, n_maps, st, prm, work):
+    """Jitter, render, colour, flip, resize and place one instance of ``code`` onto ``view``."""
+    counts_buf, graded, mask, big_g, big_c, rows, i0, i1, frac, m, probs, lut, starts, patch, knots = work
+    side = view.shape[0]
+    jitter_code(code, n_maps, st, prm.jit_lo, prm.jit_hi, prm.jit_tries, m, probs)
+    build_lut(probs, lut)
+    chain_starts(m, n_maps, starts)
+    size = max(1, int(uniform(st, prm.scale_lo, prm.scale_hi) * side + 0.5))
+    r = min(size, prm.render_cap)
+    patch[:] = False
+    if uniform(st, 0.0, 1.0) < prm.patch_p:
+        bits = next_u64(st)
+        for q in range(9):
+            patch[q // 3, q % 3] = ((bits >> np.uint64(q)) & np.uint64(1)) != 0
+    patch[1, 1] = True
+    canvas = counts_buf[: (r + 2) * (r + 2)].reshape(r + 2, r + 2)
+    canvas[:] = 0
+    chaos_game(m, lut, starts, prm.n_steps, next_u64(st), r, canvas, patch)
+    grade(canvas, r, graded, mask)
+    if r != size:  # rendered at the cap: resize grade and mask together
+        resize_bilinear(graded, r, size, big_g, rows, i0, i1, frac)
+        resize_bilinear(mask, r, size, big_c, rows, i0, i1, frac)
+        graded, mask = big_g, big_c
+    hue = uniform(st, 0.0, 1.0)
+    sat = uniform(st, prm.sat_lo, prm.sat_hi)
+    val = uniform(st, prm.val_lo, prm.val_hi)
+    dihedral = np.int64(next_u64(st) & np.uint64(7)) if prm.flips else np.int64(0)
+    off = int(prm.off_canvas * size)
+    span = side - size + 2 * off + 1  # top-left positions keeping >= (1 - off_canvas) of each side inside
+    oy = -off + min(int(uniform(st, 0.0, span)), span - 1)
+    ox = -off + min(int(uniform(st, 0.0, span)), span - 1)
+    composite(view, graded, mask, size, oy, ox, dihedral, hue, sat, val, knots)
+
+
 @nb.njit(cache=True, nogil=True)
 def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
     """Render scenes into ``out`` (V, B, S, S, 3) uint8.
@@ -108,26 +159,10 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
     randomness (jitter, chaos game, colour, flips, size, placement, blur) comes from seeds[b].
     """
     n_views, n_scenes, side = out.shape[0], out.shape[1], out.shape[2]
-    cap = prm.render_cap
-    canvas_buf = np.empty((cap + 2) * (cap + 2), np.int32)
-    graded = np.empty((cap, cap), np.float32)
-    mask = np.empty((cap, cap), np.float32)
-    max_size = max(1, int(prm.scale_hi * side + 0.5))
-    big_g = np.empty((max_size, max_size), np.float32)  # instances resized from the render cap
-    big_c = np.empty((max_size, max_size), np.float32)
-    rows = np.empty((cap, max_size), np.float32)
-    i0 = np.empty(max(cap, max_size), np.int64)
-    i1 = np.empty_like(i0)
-    frac = np.empty(max(cap, max_size))
+    work = _scratch(side, prm)
     view = np.empty((side, side, 3), np.float32)
-    tmp = np.empty((side + 2) * side * 3 + 6 * side, np.float32)  # blur scratch (radius <= side // 2)
-    m = np.empty((MAX_MAPS, 6))
-    probs = np.empty(MAX_MAPS)
-    lut = np.empty(LUT_SIZE, np.uint8)
-    starts = np.empty((CHAINS, 2))
-    patch = np.zeros((3, 3), np.bool_)
+    blur_tmp = np.empty((side + 2) * side * 3 + 6 * side, np.float32)  # radius <= side // 2
     weights = np.empty(side + 1)
-    knots = np.empty((6, 6))
     st = np.empty(1, np.uint64)
     for b in range(n_scenes):
         st[0] = seeds[b]
@@ -135,44 +170,16 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
             view[:] = 0.0
             for j in range(counts[b]):
                 c = code_ids[b, j]
-                jitter_code(maps[c], n_maps[c], st, prm.jit_lo, prm.jit_hi, prm.jit_tries, m, probs)
-                build_lut(probs, lut)
-                chain_starts(m, n_maps[c], starts)
-                size = max(1, int(uniform(st, prm.scale_lo, prm.scale_hi) * side + 0.5))
-                r = min(size, cap)
-                patch[:] = False
-                if uniform(st, 0.0, 1.0) < prm.patch_p:
-                    bits = next_u64(st)
-                    for q in range(9):
-                        patch[q // 3, q % 3] = ((bits >> np.uint64(q)) & np.uint64(1)) != 0
-                patch[1, 1] = True
-                canvas = canvas_buf[: (r + 2) * (r + 2)].reshape(r + 2, r + 2)
-                canvas[:] = 0
-                chaos_game(m, lut, starts, prm.n_steps, next_u64(st), r, canvas, patch)
-                grade(canvas, r, graded, mask)
-                g_arr, c_arr = graded, mask
-                if r != size:
-                    resize_bilinear(graded, r, size, big_g, rows, i0, i1, frac)
-                    resize_bilinear(mask, r, size, big_c, rows, i0, i1, frac)
-                    g_arr, c_arr = big_g, big_c
-                hue = uniform(st, 0.0, 1.0)
-                sat = uniform(st, prm.sat_lo, prm.sat_hi)
-                val = uniform(st, prm.val_lo, prm.val_hi)
-                dihedral = np.int64(next_u64(st) & np.uint64(7)) if prm.flips else np.int64(0)
-                off = int(prm.off_canvas * size)
-                span = side - size + 2 * off + 1  # positions keeping >= (1 - off_canvas) of each side inside
-                oy = -off + min(int(uniform(st, 0.0, span)), span - 1)
-                ox = -off + min(int(uniform(st, 0.0, span)), span - 1)
-                composite(view, g_arr, c_arr, size, oy, ox, dihedral, hue, sat, val, knots)
+                _draw_instance(view, maps[c], n_maps[c], st, prm, work)
             if uniform(st, 0.0, 1.0) < prm.blur_p:
                 sigma = uniform(st, prm.blur_lo, prm.blur_hi)
                 radius = min(max(1, int(math.ceil(2.0 * sigma))), side // 2)
-                gaussian_blur(view, tmp, sigma, radius, weights)
+                gaussian_blur(view, blur_tmp, sigma, radius, weights)
             to_uint8(view, out[v, b])
 
 
 def render_batch(bank: CodeBank, cfg: RenderConfig, code_ids: np.ndarray, counts: np.ndarray,
-           seeds: np.ndarray, n_views: int) -> np.ndarray:
+                 seeds: np.ndarray, n_views: int) -> np.ndarray:
     """Render B scenes (codes ``code_ids[b, :counts[b]]`` of ``bank``) as uint8 (n_views, B, S, S, 3)."""
     code_ids = np.ascontiguousarray(code_ids, dtype=np.int64)
     counts = np.ascontiguousarray(counts, dtype=np.int64)
