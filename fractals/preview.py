@@ -9,9 +9,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .augment import AugmentConfig, augment
+from .augment import AugmentConfig
 from .ifs import CodeBank
-from .scenes import RenderConfig, fps_pairs, multilabel_images, single_images
+from .scenes import SCENE_KINDS, RenderConfig
+from .stream import augment_views
 
 CELLS_PER_ROW = 4
 GAP = 6  # px between cells
@@ -43,21 +44,12 @@ def _denormalise(views: torch.Tensor, cfg: AugmentConfig) -> np.ndarray:
 def make_cells(kind: str, bank: CodeBank, cfg: RenderConfig, n: int, seed: int, augs: bool) -> np.ndarray:
     """Images to show, uint8 (V, n, S, S, 3): FPS pairs, single-fractal images as two augmented views,
     or multi-label images. With ``augs`` the image-level augmentation is applied to each view."""
-    rng = np.random.default_rng(seed)
-    if kind == "fps":
-        images = fps_pairs(bank, cfg, n, rng)[0]
-    elif kind == "multilabel":
-        images = multilabel_images(bank, cfg, n, rng, n_classes=min(1000, len(bank)))[0]
-    elif kind == "single":
-        image = single_images(bank, cfg, n, rng)[0][0]
-        images, augs = np.stack([image, image]), True  # its two views exist only through augmentation
-    else:
-        raise ValueError(f"unknown kind {kind!r}")
-    if augs:
+    scene = SCENE_KINDS[kind]
+    images = scene.make(bank, cfg, n, np.random.default_rng(seed), min(1000, len(bank)))[0]
+    if augs or len(images) < scene.views:  # views that exist only through augmentation are always shown so
         aug_cfg = AugmentConfig()
         gen = torch.Generator().manual_seed(seed)
-        views = torch.stack([augment(torch.from_numpy(v), aug_cfg, gen) for v in images])
-        images = _denormalise(views, aug_cfg)
+        images = _denormalise(augment_views(torch.from_numpy(images), scene, aug_cfg, gen), aug_cfg)
     return images
 
 

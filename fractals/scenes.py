@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import namedtuple
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numba as nb
@@ -242,3 +243,38 @@ def single_images(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Gene
     codes = rng.integers(0, len(bank), (n, 1))
     images = render_batch(bank, cfg, codes, np.ones(n, np.int64), _seeds(n, rng), n_views=1)
     return images, codes[:, 0]
+
+
+@dataclass(frozen=True)
+class SceneKind:
+    """One kind of pre-training sample (paper Fig. 2c and the Table 6 baselines).
+
+    make(bank, cfg, n, rng, n_classes) returns uint8 images (V, n, S, S, 3), code ids (n, I) padded with -1,
+    and multi-hot labels (n, n_classes) or None. ``views`` is how many views image-level augmentation makes:
+    view v augments rendered view v mod V, so a single-fractal image is augmented twice.
+    """
+
+    make: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+    views: int
+
+
+def _make_fps(bank, cfg, n, rng, n_classes):
+    views, codes, _ = fps_pairs(bank, cfg, n, rng)
+    return views, codes, None
+
+
+def _make_multilabel(bank, cfg, n, rng, n_classes):
+    images, labels, codes = multilabel_images(bank, cfg, n, rng, n_classes)
+    return images, codes, labels
+
+
+def _make_single(bank, cfg, n, rng, n_classes):
+    images, codes = single_images(bank, cfg, n, rng)
+    return images, codes[:, None], None
+
+
+SCENE_KINDS = {
+    "fps": SceneKind(_make_fps, views=2),
+    "multilabel": SceneKind(_make_multilabel, views=1),
+    "single": SceneKind(_make_single, views=2),
+}

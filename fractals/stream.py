@@ -18,9 +18,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .augment import AugmentConfig, augment
 from .ifs import CodeBank
-from .scenes import RenderConfig, fps_pairs, multilabel_images, single_images
+from .scenes import SCENE_KINDS, RenderConfig, SceneKind
 
-KINDS = ("fps", "multilabel", "single")
+KINDS = tuple(SCENE_KINDS)
+
+
+def augment_views(images: torch.Tensor, kind: SceneKind, cfg: AugmentConfig,
+                  generator: torch.Generator) -> torch.Tensor:
+    """uint8 renders (V, B, S, S, 3) -> float views (kind.views, B, 3, S, S): view v augments render v % V."""
+    return torch.stack([augment(images[v % len(images)], cfg, generator) for v in range(kind.views)])
 
 
 @dataclass(frozen=True)
@@ -68,23 +74,16 @@ class FractalStream(IterableDataset):
         if n <= 0:
             raise IndexError(f"batch {index} is past the end of the epoch ({len(self)} batches)")
         rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, self.epoch, index]))
-        out: dict[str, torch.Tensor] = {}
-        if cfg.kind == "fps":
-            images, codes, _ = fps_pairs(self.bank, self.render, n, rng)
-        elif cfg.kind == "multilabel":
-            images, labels, codes = multilabel_images(self.bank, self.render, n, rng, cfg.n_classes)
+        kind = SCENE_KINDS[cfg.kind]
+        images, codes, labels = kind.make(self.bank, self.render, n, rng, cfg.n_classes)
+        out = {"codes": torch.from_numpy(np.asarray(codes, np.int64))}
+        if labels is not None:
             out["labels"] = torch.from_numpy(labels)
-        else:
-            images, codes = single_images(self.bank, self.render, n, rng)
-            codes = codes[:, None]
-        out["codes"] = torch.from_numpy(np.asarray(codes, np.int64))
-        images_t = torch.from_numpy(images)
         if self.augment_cfg is None:
-            out["images"] = images_t
+            out["images"] = torch.from_numpy(images)
         else:
             gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
-            sources = [images_t[0], images_t[0]] if cfg.kind == "single" else list(images_t)
-            out["views"] = torch.stack([augment(v, self.augment_cfg, gen) for v in sources])
+            out["views"] = augment_views(torch.from_numpy(images), kind, self.augment_cfg, gen)
         return out
 
     def __iter__(self):

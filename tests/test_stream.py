@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader
 
 from fractals.augment import AugmentConfig
 from fractals.ifs import sample_codes
-from fractals.scenes import RenderConfig
+from fractals.scenes import SCENE_KINDS, RenderConfig
 from fractals.stream import FractalStream, StreamConfig
 
 
@@ -56,10 +56,21 @@ def test_batch_index_past_the_end(bank):
         _stream(bank, pairs_per_epoch=16).batch(2)
 
 
-@pytest.mark.parametrize(("kind", "views"), [("fps", 2), ("single", 2), ("multilabel", 1)])
-def test_augmented_views(bank, kind, views):
+@pytest.mark.parametrize("kind", list(SCENE_KINDS))
+def test_every_kind_yields_renders_and_codes(bank, kind):
+    batch = next(iter(_stream(bank, kind=kind, pairs_per_epoch=8, n_classes=50)))
+    images, codes = batch["images"], batch["codes"]
+    assert images.dtype == torch.uint8 and images.shape[1:] == (8, 32, 32, 3)
+    assert 1 <= images.shape[0] <= SCENE_KINDS[kind].views
+    assert codes.shape[0] == 8 and (codes >= 0).sum(1).min() >= 1
+    assert all(images[v, i].max() > 0 for v in range(images.shape[0]) for i in range(8))
+
+
+@pytest.mark.parametrize("kind", list(SCENE_KINDS))
+def test_augmented_views(bank, kind):
     stream = _stream(bank, kind=kind, pairs_per_epoch=8, n_classes=50, augment=AugmentConfig())
     batch = next(iter(stream))
+    views = SCENE_KINDS[kind].views
     assert batch["views"].shape == (views, 8, 3, 32, 32) and batch["views"].dtype == torch.float32
     assert torch.isfinite(batch["views"]).all()
     if kind == "single":  # two augmentations of the same image differ
