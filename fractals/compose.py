@@ -56,8 +56,7 @@ def resize_bilinear(src, r, n, dst, tmp, i0, i1, frac):
         for b in range(n):
             f = np.float32(frac[b])
             trow[b] = srow[i0[b]] * (np.float32(1.0) - f) + srow[i1[b]] * f
-    _lerp_taps(n, r, i0, i1, frac)
-    for a in range(n):  # columns: blend two whole rows, which vectorises
+    for a in range(n):  # columns: the resize is square, so the row taps serve; whole rows blend and vectorise
         f = np.float32(frac[a])
         t0, t1, drow = tmp[i0[a], :n], tmp[i1[a], :n], dst[a, :n]
         for b in range(n):
@@ -71,11 +70,12 @@ def hue_knots(sat, val, knots):
     With s and v fixed, HSV -> RGB is linear in hue within each sextant, so this table gives the exact
     colour of any hue by one linear interpolation (see :func:`composite`).
     """
-    for i in range(6):
-        r0, g0, b0 = hsv_to_rgb(i / 6.0, sat, val)
+    r0, g0, b0 = hsv_to_rgb(0.0, sat, val)
+    for i in range(6):  # each sextant's end is the next one's start: 7 colours, not 12
         r1, g1, b1 = hsv_to_rgb((i + 1) / 6.0, sat, val)
         knots[i, 0], knots[i, 1], knots[i, 2] = r0, g0, b0
         knots[i, 3], knots[i, 4], knots[i, 5] = r1 - r0, g1 - g0, b1 - b0
+        r0, g0, b0 = r1, g1, b1
 
 
 @nb.njit(cache=True)
