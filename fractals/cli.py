@@ -11,31 +11,11 @@ import sys
 from pathlib import Path
 
 from .bench import measure
-from .ifs import BankError, CodeBank, load_bank, sample_codes, save_bank
+from .cliutil import Parser, UsageError, positive, run_main
+from .ifs import PAPER_BANK, BankError, bank_or_sample, sample_codes, save_bank
 from .preview import make_cells, write_grid
 from .scenes import RenderConfig
 from .stream import KINDS
-
-PAPER_BANK = 100_000  # Appendix A.1: I codes are drawn from a pre-sampled bank of 100K
-
-
-class UsageError(Exception):
-    """Bad input: reported as one line with exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
-def _positive(name: str, value: int) -> None:
-    if value <= 0:
-        raise UsageError(f"{name} must be positive, got {value}")
-
-
-def _bank(path: str | None, seed: int) -> CodeBank:
-    """The bank at ``path`` or, without one, the paper-size bank sampled from ``seed`` (about 0.5 s)."""
-    return load_bank(path) if path else sample_codes(PAPER_BANK, seed)
 
 
 def _size(value: int) -> int:
@@ -45,7 +25,7 @@ def _size(value: int) -> int:
 
 
 def cmd_bank(args: argparse.Namespace) -> None:
-    _positive("--n", args.n)
+    positive("--n", args.n)
     bank = sample_codes(args.n, args.seed)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     save_bank(bank, args.out)
@@ -53,19 +33,22 @@ def cmd_bank(args: argparse.Namespace) -> None:
 
 
 def cmd_preview(args: argparse.Namespace) -> None:
-    _positive("--n", args.n)
+    positive("--n", args.n)
     cfg = RenderConfig.preset(_size(args.size))
-    images = make_cells(args.kind, _bank(args.bank, args.seed), cfg, args.n, args.seed, args.augs)
+    images = make_cells(args.kind, bank_or_sample(args.bank, args.seed), cfg, args.n, args.seed, args.augs)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     height, width = write_grid(images, args.out)
     print(f"wrote {args.out} ({width}x{height} px, {args.n} {args.kind} cells)")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    _positive("--pairs", args.pairs)
-    _positive("--workers", args.workers)
-    record = measure(_bank(args.bank, args.seed), _size(args.size), args.pairs, args.workers, args.augs,
-                     args.seed, progress=not args.json)
+    if args.pairs is None:
+        args.pairs = 100_000 if args.size <= 32 else 1000
+    positive("--pairs", args.pairs)
+    positive("--workers", args.workers)
+    bank = bank_or_sample(args.bank, args.seed)
+    record = measure(bank, _size(args.size), args.pairs, args.workers, args.augs, args.seed,
+                     progress=not args.json)
     if args.json:
         print(json.dumps(record))
     else:
@@ -75,8 +58,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fractals", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = Parser(prog="fractals", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     b = sub.add_parser("bank", help="sample a bank of IFS codes to an .npz file")
     b.add_argument("--n", type=int, default=PAPER_BANK, help="number of codes (default: 100000, the paper's)")
@@ -112,18 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        if getattr(args, "pairs", 0) is None:
-            args.pairs = 100_000 if args.size <= 32 else 1000
-        args.run(args)
-    except (UsageError, BankError, ValueError) as exc:
-        print(f"fractals: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("fractals: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    parser = build_parser()
+    return run_main("fractals", parser, argv, (BankError, ValueError))
 
 
 if __name__ == "__main__":

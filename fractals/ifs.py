@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 MAX_MAPS = 4
+PAPER_BANK = 100_000  # Appendix A.1: I codes are drawn from a pre-sampled bank of 100K
 BANK_FORMAT = "fpsfl-ifs-bank/1"
 _BANK_KEYS = ("maps", "probs", "n_maps", "sigma")
 
@@ -164,3 +165,8 @@ def load_bank(path: str | Path) -> CodeBank:
     if singular_values(bank.maps).max() > 1.0 + 1e-6:
         raise BankError(f"{path} has a map with a singular value above 1 (its chaos game would diverge)")
     return bank
+
+
+def bank_or_sample(path: str | Path | None, seed: int) -> CodeBank:
+    """The bank at ``path`` or, without one, the paper-size bank sampled from ``seed`` (about 0.5 s)."""
+    return load_bank(path) if path else sample_codes(PAPER_BANK, seed)

@@ -1,0 +1,42 @@
+"""Shared command-line plumbing of the fpsfl console scripts (fractals, pretrain, federate, analyze).
+
+Bad input is one line on stderr and exit code 2, never a traceback; Ctrl-C is exit code 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line with exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (argparse would print the usage block too)."""
+
+    def error(self, message: str) -> None:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise UsageError(f"{name} must be positive, got {value}")
+
+
+def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
+             user_errors: tuple[type[BaseException], ...]) -> int:
+    """Parse ``argv`` and call ``args.run(args)``; errors of the ``user_errors`` types become one line."""
+    try:
+        args = parser.parse_args(argv)
+        args.run(args)
+    except (UsageError, *user_errors) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
