@@ -49,7 +49,7 @@ def make_cells(kind: str, bank: CodeBank, cfg: RenderConfig, n: int, seed: int, 
     if augs or len(images) < scene.views:  # views that exist only through augmentation are always shown so
         aug_cfg = AugmentConfig()
         gen = torch.Generator().manual_seed(seed)
-        images = _denormalise(augment_views(torch.from_numpy(images), scene, aug_cfg, gen), aug_cfg)
+        images = _denormalise(augment_views(torch.from_numpy(images), scene.views, aug_cfg, gen), aug_cfg)
     return images
 
 

@@ -18,15 +18,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .augment import AugmentConfig, augment
 from .ifs import CodeBank
-from .scenes import SCENE_KINDS, RenderConfig, SceneKind
+from .scenes import SCENE_KINDS, RenderConfig
 
 KINDS = tuple(SCENE_KINDS)
 
 
-def augment_views(images: torch.Tensor, kind: SceneKind, cfg: AugmentConfig,
+def augment_views(images: torch.Tensor, n_views: int, cfg: AugmentConfig,
                   generator: torch.Generator) -> torch.Tensor:
-    """uint8 renders (V, B, S, S, 3) -> float views (kind.views, B, 3, S, S): view v augments render v % V."""
-    return torch.stack([augment(images[v % len(images)], cfg, generator) for v in range(kind.views)])
+    """uint8 renders (V, B, S, S, 3) -> float views (n_views, B, 3, S, S): view v augments render v % V."""
+    return torch.stack([augment(images[v % len(images)], cfg, generator) for v in range(n_views)])
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class FractalStream(IterableDataset):
             out["images"] = torch.from_numpy(images)
         else:
             gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
-            out["views"] = augment_views(torch.from_numpy(images), kind, self.augment_cfg, gen)
+            out["views"] = augment_views(torch.from_numpy(images), kind.views, self.augment_cfg, gen)
         return out
 
     def __iter__(self):

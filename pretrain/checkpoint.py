@@ -1,0 +1,106 @@
+"""The backbone checkpoint contract shared by ``pretrain`` (writer) and ``federate`` (reader).
+
+A checkpoint is one ``torch.save`` file holding a dict of tensors and plain Python types only::
+
+    {"format": "fpsfl-backbone/1", "arch": str, "width": float, "method": str, "source": str,
+     "epoch": int, "config": dict, "backbone": state_dict}
+
+so it loads with ``torch.load(path, weights_only=True)``: opening a checkpoint never runs code. A file that
+does not load that way, or lacks a field, is refused with :class:`CheckpointError`. Files are written
+atomically (temporary file, then rename), so a crash never leaves a half-written checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+FORMAT = "fpsfl-backbone/1"
+_FIELDS = {"arch": str, "width": (int, float), "method": str, "source": str, "epoch": int, "config": dict,
+           "backbone": dict}
+
+
+class CheckpointError(ValueError):
+    """A file that is not a usable fpsfl backbone checkpoint; the message is one line."""
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then rename over it (atomic on POSIX)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def plain(value: Any) -> Any:
+    """``value`` with tuples turned into lists, recursively: what a JSON config round-trip gives back."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def make_checkpoint(backbone: nn.Module, *, arch: str, width: float, method: str, source: str, epoch: int,
+                    config: dict) -> dict:
+    """The checkpoint dict of ``backbone`` (tensors detached and moved to CPU)."""
+    state = {k: v.detach().cpu().clone() for k, v in backbone.state_dict().items()}
+    return {"format": FORMAT, "arch": arch, "width": float(width), "method": method, "source": source,
+            "epoch": int(epoch), "config": plain(config), "backbone": state}
+
+
+def save_checkpoint(ckpt: dict, path: str | Path) -> None:
+    validate(ckpt, str(path))
+    atomic_save(ckpt, path)
+
+
+def validate(ckpt: Any, where: str) -> dict:
+    """Check the contract's fields and types; returns ``ckpt``."""
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        found = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise CheckpointError(f"{where} is not an fpsfl backbone checkpoint (format {found!r}, "
+                              f"expected {FORMAT!r})")
+    for field, types in _FIELDS.items():
+        if not isinstance(ckpt.get(field), types):
+            raise CheckpointError(f"{where}: checkpoint field {field!r} is missing or has the wrong type")
+    if not all(isinstance(v, torch.Tensor) for v in ckpt["backbone"].values()):
+        raise CheckpointError(f"{where}: checkpoint 'backbone' must map names to tensors")
+    return ckpt
+
+
+def _culprit(exc: BaseException) -> str:
+    """The 'Unsupported global: ...' part of torch's long weights-only error, if it has one."""
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+    return f" (it holds {found.group(1)})" if found else f" ({type(exc).__name__})"
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """Load and validate a checkpoint with ``weights_only=True`` (no code runs); CheckpointError otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as exc:
+        raise CheckpointError(f"{path} does not load as tensors and plain Python types with "
+                              f"torch.load(weights_only=True){_culprit(exc)}; refusing to unpickle it"
+                              ) from None
+    return validate(ckpt, str(path))
+
+
+def load_backbone_weights(backbone: nn.Module, ckpt: dict, where: str = "checkpoint") -> list[str]:
+    """Load ``ckpt["backbone"]`` into ``backbone`` strictly; returns the loaded tensor names."""
+    result = backbone.load_state_dict(ckpt["backbone"], strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise CheckpointError(f"{where} does not fit arch {ckpt['arch']!r}: missing "
+                              f"{result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
+    return list(ckpt["backbone"])

@@ -1,0 +1,191 @@
+"""Fixed-size uint8 batches from an image folder, for pre-training on real or generated images.
+
+Chen et al. (ICLR 2023) compare fractal pre-training with pre-training on other sources (§4.2, §4.5): an
+unlabelled folder of images (e.g. StyleGAN-generated) for self-supervised learning, and a labelled
+``ROOT/<class>/<image>`` tree (ImageNet-32, or a Places365 stand-in) for cross-entropy pre-training.
+:class:`FolderSource` only decodes: every image is resized (shorter side to ``size``, bilinear, antialiased)
+and centre-cropped to ``size`` x ``size``; random crops and the other augmentations run later, batched on
+the device (:mod:`fractals.augment`).
+
+The order of epoch e is ``torch.randperm`` under ``SeedSequence([seed, e])`` and the DataLoader keeps batch
+order, so the batches of (seed, epoch) are the same whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+# torchvision.datasets.folder.IMG_EXTENSIONS, copied so that importing this module does not import
+# torchvision (~0.4 s); tests/test_folder.py checks that the two agree.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class FolderError(ValueError):
+    """A one-line, user-facing problem with the image folder; the CLI prints it and exits 2."""
+
+
+@dataclass(frozen=True)
+class FolderConfig:
+    root: str  # folder of images (unlabelled) or of class folders (labelled)
+    size: int  # px, side of the square output images
+    batch_size: int = 256  # images per batch (Appendix A.2: 256)
+    labelled: bool = False  # True: ROOT/<class>/<file> with class labels; False: every image under ROOT
+    seed: int = 0  # with the epoch, fixes the order of the epoch's images
+    drop_last: bool = True  # training batches have a fixed size (BatchNorm / memory bank)
+
+    def __post_init__(self) -> None:
+        if self.size <= 0 or self.batch_size <= 0:
+            raise FolderError(f"size and batch size must be positive, got {self.size} and {self.batch_size}")
+        if self.seed < 0:
+            raise FolderError(f"seed must be non-negative, got {self.seed}")
+
+
+def is_image(name: str) -> bool:
+    """torchvision's ``has_file_allowed_extension(name, IMG_EXTENSIONS)``."""
+    return name.lower().endswith(IMG_EXTENSIONS)
+
+
+def _walk(directory: str) -> list[str]:
+    """Image files under ``directory`` in torchvision's ``make_dataset`` order (sorted walk, sorted names)."""
+    return [os.path.join(root, name) for root, _, names in sorted(os.walk(directory, followlinks=True))
+            for name in sorted(names) if is_image(name)]
+
+
+def scan(cfg: FolderConfig) -> tuple[list[str], list[int], list[str]]:
+    """(paths, labels, classes) with torchvision ``find_classes`` / ``make_dataset`` semantics.
+
+    Labelled: the classes are the sorted sub-folders of ROOT (class index = position), files directly in ROOT
+    are ignored and a class folder without images is an error. Unlabelled: every image under ROOT, label 0.
+    """
+    root = os.path.expanduser(cfg.root)
+    if not os.path.isdir(root):
+        what = "is not a directory" if os.path.exists(root) else "does not exist"
+        raise FolderError(f"image folder {cfg.root!r} {what}")
+    accepted = f"accepted extensions: {' '.join(IMG_EXTENSIONS)} (any case)"
+    if not cfg.labelled:
+        paths = _walk(root)
+        if not paths:
+            raise FolderError(f"no images found under {cfg.root!r}; {accepted}")
+        return paths, [0] * len(paths), []
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if len(classes) < 2:
+        raise FolderError(f"a labelled folder needs at least 2 class folders ROOT/<class>/<image>, "
+                          f"found {len(classes)} in {cfg.root!r}")
+    paths, labels, empty = [], [], []
+    for index, name in enumerate(classes):
+        found = _walk(os.path.join(root, name))
+        paths += found
+        labels += [index] * len(found)
+        if not found:
+            empty.append(name)
+    if empty:
+        raise FolderError(f"class folders without images in {cfg.root!r}: {', '.join(empty)}; {accepted}")
+    return paths, labels, classes
+
+
+def load_image(path: str, size: int) -> np.ndarray:
+    """uint8 (size, size, 3): RGB, shorter side resized to ``size`` (bilinear, antialiased), centre crop.
+
+    Matches torchvision's ``Resize(size)`` + ``CenterCrop(size)`` on the PIL image, except that a JPEG is
+    first decoded at the smallest DCT scale (1/2, 1/4, 1/8) that keeps both sides >= ``size`` (``draft``):
+    a large speed-up for small outputs, itself an antialiased (block-averaging) downscale.
+    """
+    try:
+        with Image.open(path) as img:
+            img.draft("RGB", (size, size))
+            img = img.convert("RGB")
+            w, h = img.size
+            # torchvision's rule: the shorter side becomes size, the longer int(size * long / short)
+            new_w, new_h = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
+            if (new_w, new_h) != (w, h):
+                img = img.resize((new_w, new_h), Image.Resampling.BILINEAR)
+            left, top = int(round((new_w - size) / 2)), int(round((new_h - size) / 2))
+            img = img.crop((left, top, left + size, top + size))
+            return np.asarray(img, dtype=np.uint8)
+    except Exception as e:  # any failure to decode is a problem with this file, reported as such
+        raise FolderError(f"cannot read image {path!r}: {type(e).__name__}: {e}".replace("\n", " ")) from e
+
+
+class _Batches(Dataset):
+    """Indexed by a list of image indices; returns the whole decoded batch (one worker decodes one batch).
+
+    The paths live in one byte buffer plus offsets rather than a list of str: forked workers reading a
+    Python list touch refcounts and so copy its pages, which for ~1M paths costs ~100 MB per worker.
+    """
+
+    def __init__(self, paths: list[str], labels: list[int], size: int, labelled: bool):
+        encoded = [os.fsencode(p) for p in paths]
+        self.blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        self.offsets = np.cumsum([0] + [len(p) for p in encoded], dtype=np.int64)
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.size, self.labelled = size, labelled
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def path(self, i: int) -> str:
+        return os.fsdecode(self.blob[self.offsets[i]:self.offsets[i + 1]].tobytes())
+
+    def __getitem__(self, indices: list[int]) -> dict[str, torch.Tensor | str]:
+        images = np.empty((1, len(indices), self.size, self.size, 3), dtype=np.uint8)  # (1, B, S, S, 3)
+        try:
+            for b, i in enumerate(indices):
+                images[0, b] = load_image(self.path(i), self.size)
+        except FolderError as e:
+            # sent back as data: a worker's exception would reach the caller wrapped in a multi-line traceback
+            return {"error": str(e)}
+        out: dict[str, torch.Tensor | str] = {"images": torch.from_numpy(images)}
+        if self.labelled:
+            out["labels"] = torch.from_numpy(self.labels[indices])  # (B,)
+        return out
+
+
+def _identity(batch: dict) -> dict:
+    return batch
+
+
+class FolderSource:
+    """Batches ``{"images": uint8 (1, B, S, S, 3)}`` (+ ``"labels"`` int64 (B,) when labelled) from a folder.
+
+    The leading 1 is the number of renders, as in :class:`fractals.stream.FractalStream`; the training loop
+    makes its views from it. Scanning happens here, so folder problems surface before training starts.
+    """
+
+    def __init__(self, cfg: FolderConfig, workers: int = 0):
+        if workers < 0:
+            raise FolderError(f"workers must be non-negative, got {workers}")
+        self.cfg, self.workers = cfg, workers
+        paths, labels, self.classes = scan(cfg)
+        self.n_images = len(paths)
+        if cfg.drop_last and self.n_images < cfg.batch_size:
+            raise FolderError(f"{self.n_images} images in {cfg.root!r} is fewer than one batch of "
+                              f"{cfg.batch_size}; use a smaller --batch-size")
+        self.dataset = _Batches(paths, labels, cfg.size, cfg.labelled)
+
+    def __len__(self) -> int:
+        n, b = self.n_images, self.cfg.batch_size
+        return n // b if self.cfg.drop_last else math.ceil(n / b)
+
+    def order(self, epoch: int) -> list[list[int]]:
+        """The image indices of each batch of ``epoch``: a pure function of (seed, epoch)."""
+        state = np.random.SeedSequence([self.cfg.seed, epoch]).generate_state(1, np.uint64)[0]
+        perm = torch.randperm(self.n_images, generator=torch.Generator().manual_seed(int(state))).tolist()
+        b = self.cfg.batch_size
+        return [perm[k * b:(k + 1) * b] for k in range(len(self))]
+
+    def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
+        """The batches of ``epoch`` in order; raises :class:`FolderError` on the first unreadable image."""
+        loader = DataLoader(self.dataset, batch_size=None, sampler=self.order(epoch),
+                            num_workers=self.workers, collate_fn=_identity, pin_memory=False)
+        for batch in loader:
+            if "error" in batch:
+                raise FolderError(batch["error"])
+            yield batch

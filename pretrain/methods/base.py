@@ -1,0 +1,78 @@
+"""The interface every pre-training method implements (Chen et al., ICLR 2023, §4.2 and Appendix A.2).
+
+A method wraps a backbone with whatever heads it needs and turns a batch of augmented views into a loss.
+The training loop (:mod:`pretrain.train`) knows nothing else about it: it asks for the optimiser's parameter
+groups, calls the method on each batch, steps the optimiser, then calls :meth:`Method.after_step` (MoCo's
+momentum update). State that is not a persistent buffer (MoCo's memory bank) goes through
+:meth:`Method.extra_state` so that ``--resume`` restores it exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fractals.augment import AugmentConfig
+
+# Crop + flip only: the augmentation of the classification baselines (multi-label fractals, supervised).
+CROP_FLIP = AugmentConfig(jitter_p=0.0, grayscale_p=0.0, blur_p=0.0)
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Optimiser settings every method has; subclasses add their own hyperparameters."""
+
+    lr: float = 0.05  # per 256 samples, scaled linearly with the batch size (Goyal et al. 2017)
+    momentum: float = 0.9  # SGD momentum (Appendix A.2)
+    weight_decay: float = 1e-4  # Appendix A.2
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or not 0 <= self.momentum < 1 or self.weight_decay < 0:
+            raise ValueError(f"{type(self).__name__}: need lr > 0, 0 <= momentum < 1, weight_decay >= 0")
+
+
+def feature_std(z: Tensor) -> Tensor:
+    """Mean over dimensions of the batch std of the l2-normalised rows of z (B, D).
+
+    The collapse signal of SimSiam (Chen & He 2021, §4.1): about 1/sqrt(D) when the outputs spread over the
+    sphere, 0 when they collapse to one point.
+    """
+    return F.normalize(z.detach().float(), dim=1).std(dim=0).mean()
+
+
+class Method(nn.Module):
+    """A backbone plus heads and a loss. Subclasses set the class attributes and implement forward."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[MethodConfig]] = MethodConfig
+    n_views: ClassVar[int] = 2  # augmented views per sample the method consumes
+    labels: ClassVar[str | None] = None  # None, "multihot" (float (B, J)) or "class" (int64 (B,))
+    augment: ClassVar[AugmentConfig] = AugmentConfig()  # MoCo-v2 / SimSiam augmentations (Appendix A)
+
+    def __init__(self, backbone: nn.Module, cfg: MethodConfig, n_classes: int | None = None):
+        super().__init__()
+        self.backbone, self.cfg = backbone, cfg
+
+    def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """views (n_views, B, 3, S, S) -> (scalar loss, detached statistics such as ``z_std``)."""
+        raise NotImplementedError
+
+    def param_groups(self) -> list[dict]:
+        """Optimiser groups; a group with ``fixed_lr=True`` is kept off the learning-rate schedule."""
+        return [{"params": [p for p in self.parameters() if p.requires_grad], "fixed_lr": False}]
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """Called after every optimiser step."""
+
+    def extra_state(self) -> dict[str, Tensor]:
+        """Training state outside the state_dict, saved for --resume."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Tensor]) -> None:
+        if state:
+            raise ValueError(f"{self.name} has no extra state, got {sorted(state)}")

@@ -1,0 +1,66 @@
+"""MoCo-v2 (Chen, Fan, Girshick & He 2020) on FPS pairs: Chen et al., ICLR 2023, §4.2 and Appendix A.2.
+
+The query encoder (backbone + 2-layer MLP head) embeds view 1; a momentum copy embeds view 2 as the positive
+key. Negatives are the 65,536 most recent keys in a memory bank; the loss is InfoNCE with temperature 0.2.
+As in the MoCo reference the loss is not symmetrised. Heads, InfoNCE-with-bank and the momentum update
+come from lightly; the checkpoint keeps the query encoder. The reference's shuffled BatchNorm is a
+multi-GPU device and is not used.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from lightly.loss import NTXentLoss
+from lightly.models.modules import MoCoProjectionHead
+from lightly.models.utils import deactivate_requires_grad, update_momentum
+from torch import Tensor, nn
+
+from .base import Method, MethodConfig, feature_std
+
+
+@dataclass(frozen=True)
+class MoCoV2Config(MethodConfig):
+    lr: float = 0.03  # per 256 samples (MoCo-v2: 0.03 at batch 256), scaled linearly
+    hidden_dim: int = 2048  # MLP head hidden width (MoCo-v2)
+    out_dim: int = 128  # key/query dimension (MoCo-v2)
+    bank_size: int = 65_536  # keys in the memory bank (MoCo: K = 65,536)
+    temperature: float = 0.2  # InfoNCE temperature (MoCo-v2)
+    key_momentum: float = 0.999  # momentum of the key encoder (MoCo: m = 0.999)
+
+
+class MoCoV2(Method):
+    name = "mocov2"
+    Config = MoCoV2Config
+
+    def __init__(self, backbone: nn.Module, cfg: MoCoV2Config, n_classes: int | None = None):
+        super().__init__(backbone, cfg)
+        self.head = MoCoProjectionHead(backbone.feature_dim, cfg.hidden_dim, cfg.out_dim)
+        self.key_backbone, self.key_head = copy.deepcopy(backbone), copy.deepcopy(self.head)
+        deactivate_requires_grad(self.key_backbone)
+        deactivate_requires_grad(self.key_head)
+        bank = (cfg.bank_size, cfg.out_dim)
+        self.criterion = NTXentLoss(temperature=cfg.temperature, memory_bank_size=bank)
+
+    def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        q = self.head(self.backbone(views[0]))
+        with torch.no_grad():
+            k = self.key_head(self.key_backbone(views[1]))
+        # lightly pushes k into the bank after reading it, only when q requires grad (training)
+        return self.criterion(q, k), {"z_std": feature_std(q)}
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        update_momentum(self.backbone, self.key_backbone, self.cfg.key_momentum)
+        update_momentum(self.head, self.key_head, self.cfg.key_momentum)
+
+    def extra_state(self) -> dict[str, Tensor]:
+        bank = self.criterion.memory_bank  # non-persistent buffers: not in the state_dict
+        return {"bank": bank.bank.detach().clone(), "bank_ptr": bank.bank_ptr.detach().clone()}
+
+    def load_extra_state(self, state: dict[str, Tensor]) -> None:
+        bank = self.criterion.memory_bank
+        bank.bank.copy_(state["bank"])
+        bank.bank_ptr.copy_(state["bank_ptr"])

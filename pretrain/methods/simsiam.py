@@ -1,0 +1,55 @@
+"""SimSiam (Chen & He 2021) on FPS pairs: Chen et al., ICLR 2023, §4.2, Eq. 7.
+
+The two views go through backbone f and projector g; a predictor h maps one view's projection onto the
+other's, which is held fixed (stop-gradient). The loss is symmetric:
+L = D(h(z1), sg(z2)) / 2 + D(h(z2), sg(z1)) / 2, with D the negative cosine similarity.
+Heads and D come from lightly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightly.loss import NegativeCosineSimilarity
+from lightly.models.modules import SimSiamPredictionHead, SimSiamProjectionHead
+from torch import Tensor, nn
+
+from .base import Method, MethodConfig, feature_std
+
+_criterion = NegativeCosineSimilarity()
+
+
+def simsiam_loss(p1: Tensor, p2: Tensor, z1: Tensor, z2: Tensor) -> Tensor:
+    """Symmetric SimSiam loss (paper Eq. 7) of predictions p and projections z, all (B, D)."""
+    return 0.5 * (_criterion(p1, z2.detach()) + _criterion(p2, z1.detach()))
+
+
+@dataclass(frozen=True)
+class SimSiamConfig(MethodConfig):
+    lr: float = 0.05  # per 256 samples, scaled linearly (SimSiam §4: lr = 0.05 * B / 256)
+    proj_dim: int = 2048  # projector hidden and output width (SimSiam §3)
+    pred_dim: int = 512  # predictor bottleneck width (SimSiam §3)
+    fixed_predictor_lr: bool = True  # SimSiam §4.1: the predictor's lr is not decayed
+
+
+class SimSiam(Method):
+    name = "simsiam"
+    Config = SimSiamConfig
+
+    def __init__(self, backbone: nn.Module, cfg: SimSiamConfig, n_classes: int | None = None):
+        super().__init__(backbone, cfg)
+        self.projector = SimSiamProjectionHead(backbone.feature_dim, cfg.proj_dim, cfg.proj_dim)
+        self.predictor = SimSiamPredictionHead(cfg.proj_dim, cfg.pred_dim, cfg.proj_dim)
+
+    def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        # one pass per view, as the SimSiam reference: BatchNorm statistics are per view
+        z1, z2 = (self.projector(self.backbone(v)) for v in views[:2])
+        p1, p2 = self.predictor(z1), self.predictor(z2)
+        return simsiam_loss(p1, p2, z1, z2), {"z_std": feature_std(z1)}
+
+    def param_groups(self) -> list[dict]:
+        pred = list(self.predictor.parameters())
+        ids = {id(q) for q in pred}
+        rest = [q for q in self.parameters() if id(q) not in ids]
+        return [{"params": rest, "fixed_lr": False},
+                {"params": pred, "fixed_lr": self.cfg.fixed_predictor_lr}]

@@ -1,0 +1,86 @@
+"""Pre-training data sources, looked up by name (Chen et al., ICLR 2023, §4.2, §4.5, Table 6).
+
+A source yields batches ``{"images": uint8 (V, B, S, S, 3)}`` (V rendered views) plus ``"labels"`` for the
+supervised kinds. The training loop moves them to the device and makes the method's augmented views there,
+so the CPU side only renders or decodes.
+
+- ``fps``: FPS pairs rendered on the fly, two views per pair (§4.2).
+- ``fractal-single``: one fractal per image, both views from image-level augmentation ("fractal + SimSiam").
+- ``multilabel``: multi-label fractal images over J codes (Anderson & Farrell 2022).
+- ``images``: any image folder, two augmented views (e.g. StyleGAN-generated images, Table 6).
+- ``supervised``: a labelled ``ROOT/<class>/`` folder (ImageNet-32 or Places365 stand-ins, §4.5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader
+
+from fractals.ifs import bank_or_sample
+from fractals.scenes import RenderConfig
+from fractals.stream import FractalStream, StreamConfig
+
+from .config import PretrainConfig
+from .folder import FolderConfig, FolderSource
+
+
+class FractalSource:
+    """A :class:`FractalStream` of one scene kind, iterated by a DataLoader with ``workers`` processes."""
+
+    def __init__(self, cfg: PretrainConfig, kind: str, workers: int, pin_memory: bool = False):
+        bank = bank_or_sample(cfg.bank, cfg.seed)
+        stream_cfg = StreamConfig(kind=kind, batch_size=cfg.batch_size, pairs_per_epoch=cfg.pairs_per_epoch,
+                                  seed=cfg.seed, n_classes=cfg.n_classes)
+        self.stream = FractalStream(bank, RenderConfig.preset(cfg.size), stream_cfg)
+        self.workers, self.pin_memory = workers, pin_memory
+        self.n_classes = cfg.n_classes if kind == "multilabel" else None
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
+        self.stream.set_epoch(epoch)
+        loader = DataLoader(self.stream, batch_size=None, num_workers=self.workers,
+                            pin_memory=self.pin_memory, prefetch_factor=4 if self.workers else None)
+        yield from loader
+
+
+class ImageSource:
+    """An image folder (:class:`pretrain.folder.FolderSource`), with labels or without."""
+
+    def __init__(self, cfg: PretrainConfig, labelled: bool, workers: int):
+        if not cfg.root:
+            raise ValueError(f"source {cfg.source!r} needs --root DIR (an image folder)")
+        self.folder = FolderSource(FolderConfig(root=cfg.root, size=cfg.size, batch_size=cfg.batch_size,
+                                                labelled=labelled, seed=cfg.seed), workers=workers)
+        self.n_classes = len(self.folder.classes) if labelled else None
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
+        return self.folder.batches(epoch)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    make: Callable[[PretrainConfig, int], FractalSource | ImageSource]  # (config, workers) -> source
+    methods: tuple[str, ...]  # methods that can train on it; the first is the default
+    description: str
+
+
+SOURCES: dict[str, SourceSpec] = {
+    "fps": SourceSpec(lambda c, w: FractalSource(c, "fps", w), ("simsiam", "mocov2"),
+                      "FPS pairs rendered on the fly (§4.2)"),
+    "fractal-single": SourceSpec(lambda c, w: FractalSource(c, "single", w), ("simsiam", "mocov2"),
+                                 "one fractal per image, two augmented views (Table 6 baseline)"),
+    "multilabel": SourceSpec(lambda c, w: FractalSource(c, "multilabel", w), ("multilabel",),
+                             "multi-label fractal images over J codes (Anderson & Farrell 2022)"),
+    "images": SourceSpec(lambda c, w: ImageSource(c, False, w), ("simsiam", "mocov2"),
+                         "any image folder, two augmented views (e.g. StyleGAN images)"),
+    "supervised": SourceSpec(lambda c, w: ImageSource(c, True, w), ("supervised",),
+                             "a labelled ROOT/<class>/ image folder, cross-entropy (§4.5)"),
+}

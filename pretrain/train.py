@@ -1,0 +1,184 @@
+"""The pre-training loop (Chen et al., ICLR 2023, §4.2 and Appendix A.2).
+
+SGD with momentum, a per-epoch cosine learning-rate schedule (groups marked ``fixed_lr`` keep their rate,
+as SimSiam's predictor), image-level augmentation on the training device, optional bf16 autocast and
+channels-last on CUDA. After every epoch it appends a line to ``metrics.jsonl``, writes the training state
+(``state.pt``: weights, optimiser, memory bank, RNG) and the backbone checkpoint, each atomically, so a crash
+loses at most the epoch in progress and ``--resume`` continues where it stopped, bit for bit on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from fractals.stream import augment_views
+
+from .backbones import create_backbone
+from .checkpoint import atomic_save, make_checkpoint, plain, save_checkpoint
+from .config import PretrainConfig, RunOptions
+from .methods import METHODS, Method
+from .rundir import RunDir
+from .sources import SOURCES
+
+_NAN_CHECK_EVERY = 16  # steps between finiteness checks (each one synchronises a GPU)
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. the loss diverged); the message says what to do."""
+
+
+def cosine_lr(base: float, epoch: int, epochs: int) -> float:
+    """Learning rate of ``epoch`` (0-based): base * (1 + cos(pi * epoch / epochs)) / 2 (SimSiam, MoCo-v2)."""
+    return base * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA device is available")
+    return device
+
+
+def default_workers(device: torch.device) -> int:
+    """No workers on CPU (the model is the bottleneck); on a GPU, enough renderer processes to feed it."""
+    return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) - 2))
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """Seed of the epoch's augmentation generator, independent of every other stream."""
+    return int(np.random.SeedSequence([seed, epoch, 0xA06]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def build_method(cfg: PretrainConfig, n_classes: int | None, device: torch.device) -> Method:
+    torch.manual_seed(cfg.seed)  # the same seed gives the same initial weights (and MoCo bank)
+    backbone = create_backbone(cfg.arch, cfg.width)
+    method = METHODS[cfg.method](backbone, cfg.method_config(), n_classes)
+    return method.to(device)
+
+
+def make_optimizer(method: Method, cfg: PretrainConfig) -> tuple[torch.optim.SGD, float]:
+    """SGD over the method's groups; the base lr is per 256 samples, scaled linearly with the batch."""
+    mcfg = method.cfg
+    lr = mcfg.lr * cfg.batch_size / 256
+    groups = [dict(g, lr=lr) for g in method.param_groups()]
+    return torch.optim.SGD(groups, lr=lr, momentum=mcfg.momentum, weight_decay=mcfg.weight_decay), lr
+
+
+def set_lr(optimizer: torch.optim.Optimizer, base: float, epoch: int, epochs: int) -> float:
+    lr = cosine_lr(base, epoch, epochs)
+    for group in optimizer.param_groups:
+        group["lr"] = base if group["fixed_lr"] else lr
+    return lr
+
+
+class _Clock:
+    """Accumulates seconds per phase; with ``sync`` it waits for the GPU so each phase gets its own time."""
+
+    def __init__(self, device: torch.device, sync: bool):
+        self.sync = sync and device.type == "cuda"
+        self.totals: dict[str, float] = {}
+        self.t = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.sync:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.totals[phase] = self.totals.get(phase, 0.0) + now - self.t
+        self.t = now
+
+
+def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int, device: torch.device,
+              opts: RunOptions) -> dict:
+    """One pass over the source; returns the epoch's metrics."""
+    method.train()
+    gen = torch.Generator(device=device).manual_seed(epoch_seed(cfg.seed, epoch))
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.amp else nullcontext()
+    memory_format = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+    loss_sum = torch.zeros((), device=device)
+    stat_sums: dict[str, torch.Tensor] = {}
+    steps = samples = 0
+    bar = tqdm(total=len(source), desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step", leave=False,
+               disable=not opts.progress, dynamic_ncols=True)
+    start = time.perf_counter()
+    clock = _Clock(device, opts.profile)
+    for batch in source.batches(epoch):
+        images = batch["images"].to(device, non_blocking=True)
+        labels = batch["labels"].to(device, non_blocking=True) if "labels" in batch else None
+        clock.lap("data_wait")
+        views = augment_views(images, method.n_views, method.augment, gen)
+        views = views.contiguous(memory_format=memory_format) if views.ndim == 4 else views
+        clock.lap("augment")
+        with autocast:
+            loss, stats = method(views, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        method.after_step()
+        clock.lap("compute")
+        loss_sum += loss.detach().float()
+        for key, value in stats.items():
+            stat_sums[key] = stat_sums.get(key, 0.0) + value.float()
+        steps, samples = steps + 1, samples + images.shape[1]
+        if steps % _NAN_CHECK_EVERY == 0 or steps == len(source):
+            if not torch.isfinite(loss_sum):
+                bar.close()
+                raise TrainingError(f"the loss became non-finite in epoch {epoch + 1} (near step {steps}); "
+                                    f"the last finished epoch is kept in {opts.run_dir} (try a lower --lr)")
+            bar.set_postfix(loss=f"{loss_sum.item() / steps:.4f}",
+                            pairs_s=f"{samples / (time.perf_counter() - start):.0f}")
+        bar.update(1)
+    bar.close()
+    seconds = time.perf_counter() - start
+    busy = sum(clock.totals.values()) or 1.0
+    record = {"epoch": epoch + 1, "loss": loss_sum.item() / max(steps, 1), "steps": steps,
+              "pairs_per_s": samples / seconds, "seconds": seconds,
+              "data_wait": clock.totals.get("data_wait", 0.0) / busy}
+    if opts.profile:
+        record["augment_frac"] = clock.totals.get("augment", 0.0) / busy
+        record["compute_frac"] = clock.totals.get("compute", 0.0) / busy
+    record.update({k: float(v) / max(steps, 1) for k, v in stat_sums.items()})
+    return record
+
+
+def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
+    """Run (or resume) pre-training; returns the last epoch's metrics. Writes the run dir and ``opts.out``."""
+    device = resolve_device(opts.device)
+    workers = default_workers(device) if opts.workers is None else opts.workers
+    run = RunDir(opts.run_dir)
+    source = SOURCES[cfg.source].make(cfg, workers)
+    method = build_method(cfg, source.n_classes, device)
+    if device.type == "cuda":
+        method = method.to(memory_format=torch.channels_last)
+    optimizer, base_lr = make_optimizer(method, cfg)
+    config = {"pretrain": cfg.to_dict(), "method": asdict(method.cfg), "base_lr": base_lr,
+              "steps_per_epoch": len(source), "n_classes": source.n_classes}
+    start = run.resume(config, method, optimizer) if opts.resume else run.create(config, opts)
+    last: dict = run.last_metrics()
+    for epoch in range(start, cfg.epochs):
+        if opts.stop_after is not None and epoch - start >= opts.stop_after:
+            break
+        lr = set_lr(optimizer, base_lr, epoch, cfg.epochs)
+        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts), "lr": lr}
+        run.append_metrics(record)
+        run.save_state(epoch + 1, method, optimizer)
+        ckpt = make_checkpoint(method.backbone, arch=cfg.arch, width=cfg.width, method=cfg.method,
+                               source=cfg.source, epoch=epoch + 1, config=config)
+        save_checkpoint(ckpt, opts.out)
+        last = record
+        if opts.progress:
+            tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in record.items()}))
+    return last
+
+
+__all__ = ["TrainingError", "atomic_save", "cosine_lr", "plain", "train"]

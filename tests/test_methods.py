@@ -1,0 +1,127 @@
+"""Pre-training methods: losses against hand-computed values, and every method learns a fixed batch."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pretrain.backbones import create_backbone
+from pretrain.methods import METHODS, feature_std, simsiam_loss
+from pretrain.methods.mocov2 import MoCoV2, MoCoV2Config
+from pretrain.methods.simsiam import SimSiam, SimSiamConfig
+
+N_CLASSES = 5
+
+
+def _tiny_backbone():
+    return create_backbone("resnet20", width=0.25)
+
+
+def _labels(method_cls, b, gen):
+    if method_cls.labels == "multihot":
+        return (torch.rand(b, N_CLASSES, generator=gen) < 0.4).float()
+    if method_cls.labels == "class":
+        return torch.arange(b) % N_CLASSES
+    return None
+
+
+def test_simsiam_loss_hand_computed():
+    # Prepare: cosines per row are p1.z2 = [1, 0] and p2.z1 = [1, -1]
+    p1 = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    z2 = torch.tensor([[2.0, 0.0], [3.0, 0.0]])
+    p2 = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    z1 = torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
+    # Execute / Assert: L = (-(1 + 0) / 2 - (1 - 1) / 2) / 2 = -0.25
+    assert simsiam_loss(p1, p2, z1, z2).item() == pytest.approx(-0.25)
+    assert simsiam_loss(p1, p1, p1, p1).item() == pytest.approx(-1.0)  # perfect prediction
+
+
+def test_simsiam_stops_gradient_through_targets():
+    z1, z2 = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    p1, p2 = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    simsiam_loss(p1, p2, z1, z2).backward()
+    assert z1.grad is None and z2.grad is None
+    assert p1.grad.abs().sum() > 0 and p2.grad.abs().sum() > 0
+
+
+def test_moco_loss_hand_computed_and_bank_update():
+    torch.manual_seed(0)
+    cfg = MoCoV2Config(bank_size=3, out_dim=2, temperature=0.5, hidden_dim=8)
+    method = MoCoV2(_tiny_backbone(), cfg)
+    bank = torch.tensor([[0.0, 1.0], [-1.0, 0.0], [0.6, 0.8]])
+    method.load_extra_state({"bank": bank, "bank_ptr": torch.zeros(1, dtype=torch.long)})
+    q = torch.tensor([[3.0, 0.0]], requires_grad=True)  # normalised inside the loss: [1, 0]
+    k = torch.tensor([[1.0, 1.0]])  # -> [0.7071, 0.7071]
+    loss = method.criterion(q, k)
+    # logits = [q.k, q.n1, q.n2, q.n3] / T = [0.7071, 0, -1, 0.6] / 0.5; InfoNCE with the positive first
+    logits = torch.tensor([math.sqrt(0.5), 0.0, -1.0, 0.6]) / 0.5
+    expected = -logits[0] + torch.logsumexp(logits, 0)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    state = method.extra_state()  # training mode: k was pushed into the bank after being read
+    assert torch.allclose(state["bank"][0], F.normalize(k, dim=1)[0]) and int(state["bank_ptr"]) == 1
+    assert torch.equal(state["bank"][1:], bank[1:])
+
+
+def test_moco_momentum_update_moves_keys_towards_queries():
+    torch.manual_seed(0)
+    method = MoCoV2(_tiny_backbone(), MoCoV2Config(bank_size=16, key_momentum=0.5))
+    q_param = next(method.backbone.parameters())
+    k_param = next(method.key_backbone.parameters())
+    assert torch.equal(q_param, k_param) and not k_param.requires_grad
+    with torch.no_grad():
+        q_param.add_(1.0)
+    before = k_param.clone()
+    method.after_step()
+    assert torch.allclose(k_param, before + 0.5)
+
+
+def test_feature_std_signals_collapse():
+    assert feature_std(torch.ones(8, 4) * 3).item() == pytest.approx(0.0, abs=1e-7)
+    eye = torch.eye(4).repeat(2, 1)  # rows spread over the axes: std of a column of [1,0,0,0]x2
+    assert feature_std(eye).item() == pytest.approx(torch.tensor([1.0, 0, 0, 0] * 2).std().item())
+
+
+@pytest.mark.parametrize("name", ["multilabel", "supervised"])
+def test_classification_losses_with_a_zero_head(name):
+    torch.manual_seed(0)
+    method = METHODS[name](_tiny_backbone(), METHODS[name].Config(), N_CLASSES)
+    torch.nn.init.zeros_(method.head.weight)
+    torch.nn.init.zeros_(method.head.bias)
+    views = torch.randn(1, 4, 3, 32, 32)
+    loss, _ = method(views, _labels(METHODS[name], 4, torch.Generator().manual_seed(0)))
+    # zero logits: BCE is log 2 per output; cross-entropy is log C
+    assert loss.item() == pytest.approx(math.log(2) if name == "multilabel" else math.log(N_CLASSES))
+
+
+def test_simsiam_predictor_keeps_a_fixed_lr_group():
+    method = SimSiam(_tiny_backbone(), SimSiamConfig(proj_dim=16, pred_dim=8))
+    groups = method.param_groups()
+    assert [g["fixed_lr"] for g in groups] == [False, True]
+    assert sum(len(g["params"]) for g in groups) == len(list(method.parameters()))
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_lowers_its_loss_on_a_fixed_batch(name):
+    torch.manual_seed(0)
+    cls = METHODS[name]
+    small = {"simsiam": {"proj_dim": 64, "pred_dim": 16}, "mocov2": {"hidden_dim": 64, "bank_size": 512}}
+    method = cls(_tiny_backbone(), cls.Config(**small.get(name, {})), N_CLASSES)
+    gen = torch.Generator().manual_seed(1)
+    views = torch.randn(cls.n_views, 16, 3, 32, 32, generator=gen)
+    labels = _labels(cls, 16, gen)
+    opt = torch.optim.SGD(method.parameters(), lr=0.05, momentum=0.9)
+    # MoCo's bank would fill with copies of this batch's keys, i.e. with positives posing as negatives;
+    # holding it fixed makes the batch (and its negatives) truly fixed.
+    extra = method.extra_state()
+    losses = []
+    for _ in range(8):
+        method.load_extra_state(extra)
+        loss, stats = method(views, labels)
+        assert torch.isfinite(loss) and all(torch.isfinite(v) for v in stats.values())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        method.after_step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
