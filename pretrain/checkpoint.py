@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,9 @@ def load_checkpoint(path: str | Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about foreign pickles before refusing them
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as exc:
         raise CheckpointError(f"{path} does not load as tensors and plain Python types with "
                               f"torch.load(weights_only=True){_culprit(exc)}; refusing to unpickle it"

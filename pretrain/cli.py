@@ -29,7 +29,7 @@ from .folder import FolderError
 from .methods import METHODS
 from .rundir import RunDirError
 from .sources import SOURCES
-from .train import TrainingError, train
+from .train import TrainingError, device_name, train
 
 ALIASES = {"fractal-simsiam": "fractal-single"}  # the CLI name of the "fractal + SimSiam" baseline
 _FRACTAL = ("fps", "fractal-single", "multilabel")
@@ -90,8 +90,10 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(f"pretrain: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     if args.profile:
-        keys = ("epoch", "pairs_per_s", "data_wait", "augment_frac", "compute_frac", "seconds")
-        print(json.dumps({"profile": {k: last.get(k) for k in keys}, "device": str(opts.device)}))
+        keys = ("epoch", "steps", "pairs_per_s", "data_wait", "augment_frac", "compute_frac", "seconds")
+        setting = {k: getattr(cfg, k) for k in ("arch", "size", "batch_size", "method", "amp")}
+        print(json.dumps({"profile": {k: last.get(k) for k in keys}, **setting,
+                          "device": device_name(opts.device)}))
     epoch, loss = last.get("epoch", cfg.epochs), last.get("loss", float("nan"))
     print(f"wrote {out} ({cfg.arch}, {method} on {source}, epoch {epoch}/{cfg.epochs}, loss {loss:.4f}); "
           f"run directory {opts.run_dir}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -48,6 +49,20 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA device is available")
     return device
+
+
+def device_name(name: str) -> str:
+    """The accelerator's or CPU's name, for benchmark records."""
+    device = resolve_device(name)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu: {model}, {torch.get_num_threads()} threads"
 
 
 def default_workers(device: torch.device) -> int:

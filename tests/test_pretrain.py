@@ -1,0 +1,159 @@
+"""The pre-training loop and the `pretrain` CLI: every source runs, resume equals uninterrupted, bad input."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pretrain.checkpoint import load_checkpoint
+from pretrain.cli import main
+from pretrain.config import PretrainConfig, RunOptions
+from pretrain.sources import SOURCES
+from pretrain.train import cosine_lr, train
+
+TINY = {"arch": "resnet20", "width": 0.25, "size": 16, "batch_size": 8, "pairs_per_epoch": 16, "epochs": 1}
+SMALL_HEADS = {"simsiam": {"proj_dim": 32, "pred_dim": 8}, "mocov2": {"hidden_dim": 32, "bank_size": 64}}
+
+
+@pytest.fixture(scope="module")
+def image_root(tmp_path_factory):
+    """A labelled folder of 3 classes x 6 small images (real PNG files)."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for c in range(3):
+        (root / f"class{c}").mkdir()
+        for i in range(6):
+            pixels = rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"class{c}" / f"{i}.png")
+    return root
+
+
+def _config(source, method, root=None, **extra):
+    return PretrainConfig(source=source, method=method, method_args=SMALL_HEADS.get(method, {}),
+                          root=str(root) if root else None, n_classes=8, **{**TINY, **extra})
+
+
+def _opts(tmp_path, name="run", **extra):
+    return RunOptions(out=tmp_path / f"{name}.ckpt", run_dir=tmp_path / f"{name}.run", device="cpu",
+                      workers=0, progress=False, **extra)
+
+
+def test_cosine_schedule():
+    assert cosine_lr(0.1, 0, 10) == pytest.approx(0.1)
+    assert cosine_lr(0.1, 5, 10) == pytest.approx(0.05)
+    assert cosine_lr(0.1, 10, 10) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("source,method", [(s, m) for s, spec in SOURCES.items() for m in spec.methods])
+def test_every_source_and_method_trains_one_epoch(tmp_path, image_root, source, method):
+    cfg = _config(source, method, image_root)
+    last = train(cfg, _opts(tmp_path))
+    assert np.isfinite(last["loss"]) and last["steps"] == 2 and 0 <= last["data_wait"] <= 1
+    ckpt = load_checkpoint(tmp_path / "run.ckpt")
+    assert (ckpt["arch"], ckpt["method"], ckpt["source"], ckpt["epoch"]) == ("resnet20", method, source, 1)
+    assert not any(k.startswith(("projector", "head", "key_")) for k in ckpt["backbone"])  # backbone only
+    rows = [json.loads(x) for x in (tmp_path / "run.run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1] and {"loss", "lr", "pairs_per_s", "z_std"} <= set(rows[0])
+    saved = json.loads((tmp_path / "run.run" / "config.json").read_text())
+    assert saved["config"]["pretrain"]["source"] == source and "code_version" in saved
+
+
+@pytest.mark.parametrize("method", ["simsiam", "mocov2"])
+def test_resume_equals_uninterrupted(tmp_path, method):
+    cfg = _config("fps", method, epochs=2)
+    train(cfg, _opts(tmp_path, "full"))
+    train(cfg, _opts(tmp_path, "cut", stop_after=1))  # "killed" after epoch 1
+    assert load_checkpoint(tmp_path / "cut.ckpt")["epoch"] == 1
+    train(cfg, _opts(tmp_path, "cut", resume=True))
+    full, cut = load_checkpoint(tmp_path / "full.ckpt"), load_checkpoint(tmp_path / "cut.ckpt")
+    assert cut["epoch"] == 2
+    for key, value in full["backbone"].items():
+        assert torch.equal(value, cut["backbone"][key]), key
+    losses = [[json.loads(x)["loss"] for x in (tmp_path / f"{n}.run" / "metrics.jsonl").open()]
+              for n in ("full", "cut")]
+    assert losses[0] == losses[1] and len(losses[0]) == 2
+
+
+def test_same_seed_same_weights_other_seed_differs(tmp_path):
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        train(_config("fps", "simsiam", seed=seed), _opts(tmp_path, name))
+    a, b, c = (load_checkpoint(tmp_path / f"{n}.ckpt")["backbone"] for n in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def _cli(args, capsys):
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+TINY_ARGS = ["--arch", "resnet20", "--width", "0.25", "--size", "16", "--epochs", "1", "--batch-size", "8",
+             "--device", "cpu", "--quiet", "--set", "proj_dim=32", "--set", "pred_dim=8"]
+
+
+def test_cli_writes_checkpoint_and_run_dir(tmp_path, capsys):
+    out = tmp_path / "sub" / "fps.ckpt"
+    code, stdout, _ = _cli(["fps", *TINY_ARGS, "--pairs-per-epoch", 16, "--out", out, "--profile"], capsys)
+    assert code == 0 and "wrote" in stdout
+    assert json.loads(stdout.splitlines()[0])["profile"]["pairs_per_s"] > 0
+    assert load_checkpoint(out)["config"]["method"]["proj_dim"] == 32
+    assert (tmp_path / "sub" / "fps.run" / "metrics.jsonl").is_file()
+    # a second run into the same directory must not overwrite it
+    code, _, err = _cli(["fps", *TINY_ARGS, "--pairs-per-epoch", 16, "--out", out], capsys)
+    assert code == 2 and "--resume" in err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["fps", "--arch", "resnet99"], "unknown"),
+    (["fps", "--method", "byol"], "invalid choice"),
+    (["fps", "--arch", "resnet18", "--size", "16"], "resnet18"),
+    (["fps", "--arch", "mobilenet_v2", "--size", "48"], "mobilenet_v2"),
+    (["fps", "--set", "tau=0.1"], "tau"),
+    (["fps", "--set", "proj_dim=big"], "proj_dim"),
+    (["fps", "--epochs", "0"], "--epochs"),
+    (["fps", "--resume"], "no training state"),
+    (["fps", "--out", "/proc/no/such/dir/x.ckpt"], "cannot write"),
+    (["images"], "--root"),
+    (["supervised", "--root", "/no/such/folder"], "/no/such/folder"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+    if "--out" not in args:
+        args = [*args, "--out", tmp_path / "x.ckpt"]
+    code, _, err = _cli([*args, "--quiet", "--device", "cpu"], capsys)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+    assert not (tmp_path / "x.run" / "metrics.jsonl").exists()
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["fps", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--arch", "--width", "--size", "--epochs", "--pairs-per-epoch", "--batch-size", "--method",
+                 "--out", "--workers", "--device", "--amp", "--resume", "--seed", "--profile"):
+        assert flag in text
+
+
+@pytest.mark.slow
+def test_mobilenet_v2_at_224_px(tmp_path, capsys):
+    """The issue's acceptance run: a MobileNetV2 checkpoint at 224 px on CPU."""
+    out = tmp_path / "mnv2.ckpt"
+    code, _, err = _cli(["fps", "--arch", "mobilenet_v2", "--size", 224, "--epochs", 1, "--pairs-per-epoch",
+                         64, "--batch-size", 16, "--device", "cpu", "--out", out, "--quiet"], capsys)
+    assert code == 0, err
+    assert load_checkpoint(Path(out))["arch"] == "mobilenet_v2"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["simsiam", "mocov2"])
+def test_gpu_bf16_channels_last_with_workers(tmp_path, method):
+    cfg = _config("fps", method, size=32, batch_size=64, pairs_per_epoch=512, amp=True)
+    opts = RunOptions(out=tmp_path / "g.ckpt", run_dir=tmp_path / "g.run", device="cuda", workers=2,
+                      progress=False, profile=True)
+    last = train(cfg, opts)
+    assert np.isfinite(last["loss"]) and last["steps"] == 8 and last["compute_frac"] > 0
+    assert all(v.device.type == "cpu" for v in load_checkpoint(tmp_path / "g.ckpt")["backbone"].values())
