@@ -1,8 +1,9 @@
-"""The run directory of a pre-training run: ``config.json``, ``metrics.jsonl`` and ``state.pt``.
+"""A run directory: ``config.json``, ``metrics.jsonl`` and the ``--resume`` state (``state.pt``).
 
-``config.json`` holds the fully resolved config plus how and where the run was made (code version, torch,
-device); ``metrics.jsonl`` has one JSON line per finished epoch; ``state.pt`` is the training state that
-``--resume`` needs. Every file is loadable without running code (JSON, or ``torch.load(weights_only=True)``).
+Shared by ``pretrain`` and ``federate``. ``config.json`` holds the fully resolved config plus how and where
+the run was made (code version, torch, options); ``metrics.jsonl`` has one JSON line per finished epoch or
+round; ``state.pt`` is the training state that ``--resume`` needs. Every file is loadable without running
+code (JSON, or ``torch.load(weights_only=True)``), and every write is atomic.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ import json
 import platform
 import subprocess
 import time
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .checkpoint import atomic_save, plain
-from .config import RunOptions
-from .methods import Method
 
 STATE = "state.pt"
 
@@ -46,38 +46,38 @@ class RunDir:
         self.config_path, self.metrics_path = self.path / "config.json", self.path / "metrics.jsonl"
         self.state_path = self.path / STATE
 
-    def create(self, config: dict, opts: RunOptions) -> int:
+    def create(self, config: dict, opts: Any) -> int:
         """Start a new run here; refuses a directory that already holds one. Returns the first epoch (0)."""
         if self.state_path.exists() or self.metrics_path.exists():
             raise RunDirError(f"{self.path} already holds a run; pass --resume to continue it, or choose "
                               f"another --out / --run-dir")
         self.path.mkdir(parents=True, exist_ok=True)
-        record = {"config": plain(config), "run": plain({k: str(v) for k, v in asdict(opts).items()}),
+        options = asdict(opts) if is_dataclass(opts) else dict(opts)
+        record = {"config": plain(config), "run": plain({k: str(v) for k, v in options.items()}),
                   "code_version": code_version(), "torch": torch.__version__,
                   "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self._write_text(self.config_path, json.dumps(record, indent=2) + "\n")
         return 0
 
-    def resume(self, config: dict, method: Method, optimizer: torch.optim.Optimizer) -> int:
-        """Load ``state.pt`` into the method and optimiser; returns the first epoch still to run."""
+    def load_state(self, config: dict, compare: tuple[str, ...]) -> dict:
+        """The saved training state, after checking that ``config[k]`` matches the saved one for ``compare``.
+
+        Metrics lines of epochs/rounds after the state (a crash between the two writes) are dropped.
+        """
         if not self.state_path.is_file():
             raise RunDirError(f"--resume: no training state at {self.state_path} (nothing to resume)")
         saved = json.loads(self.config_path.read_text())["config"]
-        differs = sorted(k for k in ("pretrain", "method") if saved.get(k) != plain(config[k]))
+        differs = sorted(k for k in compare if saved.get(k) != plain(config[k]))
         if differs:
             raise RunDirError(f"--resume: the {' and '.join(differs)} config differs from the one in "
                               f"{self.config_path}; resume with the same settings or start a new run")
         state = torch.load(self.state_path, map_location="cpu", weights_only=True)
-        method.load_state_dict(state["model"])
-        method.load_extra_state(state["extra"])
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        self._truncate_metrics(state["epoch"])
-        return int(state["epoch"])
+        self._truncate_metrics(int(state["done"]))
+        return state
 
-    def save_state(self, epochs_done: int, method: Method, optimizer: torch.optim.Optimizer) -> None:
-        atomic_save({"epoch": epochs_done, "model": method.state_dict(), "extra": method.extra_state(),
-                     "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()}, self.state_path)
+    def save_state(self, state: dict) -> None:
+        """Save the training state; ``state["done"]`` counts the finished epochs or rounds."""
+        atomic_save(state, self.state_path)
 
     def append_metrics(self, record: dict) -> None:
         with self.metrics_path.open("a") as f:
@@ -92,9 +92,8 @@ class RunDir:
         rows = self.metrics()
         return rows[-1] if rows else {}
 
-    def _truncate_metrics(self, epochs_done: int) -> None:
-        """Drop lines of epochs after the saved state (a crash between the two writes)."""
-        rows = [r for r in self.metrics() if r["epoch"] <= epochs_done]
+    def _truncate_metrics(self, done: int) -> None:
+        rows = [r for r in self.metrics() if r.get("epoch", r.get("round", 0)) <= done]
         self._write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
 
     @staticmethod

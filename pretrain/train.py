@@ -166,6 +166,16 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
     return record
 
 
+def resume(run: RunDir, config: dict, method: Method, optimizer: torch.optim.Optimizer) -> int:
+    """Restore weights, memory bank, optimiser and RNG from the run directory; returns the next epoch."""
+    state = run.load_state(config, compare=("pretrain", "method"))
+    method.load_state_dict(state["model"])
+    method.load_extra_state(state["extra"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    return int(state["done"])
+
+
 def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
     """Run (or resume) pre-training; returns the last epoch's metrics. Writes the run dir and ``opts.out``."""
     device = resolve_device(opts.device)
@@ -178,7 +188,7 @@ def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
     optimizer, base_lr = make_optimizer(method, cfg)
     config = {"pretrain": cfg.to_dict(), "method": asdict(method.cfg), "base_lr": base_lr,
               "steps_per_epoch": len(source), "n_classes": source.n_classes}
-    start = run.resume(config, method, optimizer) if opts.resume else run.create(config, opts)
+    start = resume(run, config, method, optimizer) if opts.resume else run.create(config, opts)
     last: dict = run.last_metrics()
     for epoch in range(start, cfg.epochs):
         if opts.stop_after is not None and epoch - start >= opts.stop_after:
@@ -186,7 +196,8 @@ def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
         lr = set_lr(optimizer, base_lr, epoch, cfg.epochs)
         record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts), "lr": lr}
         run.append_metrics(record)
-        run.save_state(epoch + 1, method, optimizer)
+        run.save_state({"done": epoch + 1, "model": method.state_dict(), "extra": method.extra_state(),
+                        "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()})
         ckpt = make_checkpoint(method.backbone, arch=cfg.arch, width=cfg.width, method=cfg.method,
                                source=cfg.source, epoch=epoch + 1, config=config)
         save_checkpoint(ckpt, opts.out)
