@@ -25,6 +25,17 @@ def positive(name: str, value: float) -> None:
         raise UsageError(f"{name} must be positive, got {value}")
 
 
+def parse_settings(pairs: list[str]) -> dict[str, str]:
+    """``--set KEY=VALUE`` arguments as a dict (values stay strings; the config types them)."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set expects KEY=VALUE, got {pair!r}")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
 def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
              user_errors: tuple[type[BaseException], ...]) -> int:
     """Parse ``argv`` and call ``args.run(args)``; errors of the ``user_errors`` types become one line."""

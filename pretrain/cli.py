@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from fractals.cliutil import Parser, UsageError, positive, run_main
+from fractals.cliutil import Parser, UsageError, parse_settings, positive, run_main
 from fractals.ifs import BankError
 
 from .backbones import BackboneError, arch_names, check_backbone
@@ -49,12 +49,7 @@ def _writable(out: Path) -> None:
 
 
 def _method_args(pairs: list[str], lr: float | None) -> dict[str, str]:
-    args = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--set expects KEY=VALUE, got {pair!r}")
-        args[key.strip()] = value.strip()
+    args = parse_settings(pairs)
     if lr is not None:
         positive("--lr", lr)
         args["lr"] = str(lr)

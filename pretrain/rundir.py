@@ -46,11 +46,15 @@ class RunDir:
         self.config_path, self.metrics_path = self.path / "config.json", self.path / "metrics.jsonl"
         self.state_path = self.path / STATE
 
-    def create(self, config: dict, opts: Any) -> int:
-        """Start a new run here; refuses a directory that already holds one. Returns the first epoch (0)."""
+    def ensure_new(self) -> None:
+        """Refuse a directory that already holds a run, so that nothing is overwritten."""
         if self.state_path.exists() or self.metrics_path.exists():
             raise RunDirError(f"{self.path} already holds a run; pass --resume to continue it, or choose "
                               f"another --out / --run-dir")
+
+    def create(self, config: dict, opts: Any) -> int:
+        """Start a new run here; refuses a directory that already holds one. Returns the first epoch (0)."""
+        self.ensure_new()
         self.path.mkdir(parents=True, exist_ok=True)
         options = asdict(opts) if is_dataclass(opts) else dict(opts)
         record = {"config": plain(config), "run": plain({k: str(v) for k, v in options.items()}),

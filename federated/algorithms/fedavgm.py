@@ -1,0 +1,29 @@
+"""FedAvgM (Hsu et al. 2019, §3): server momentum on the averaged update.
+
+delta = w - avg(w_i); v <- beta v + delta; w <- w - server_lr * v (or the Nesterov form).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..aggregate import State, server_momentum
+from .base import AlgoConfig, ClientResult, FedAvg
+
+
+@dataclass(frozen=True)
+class FedAvgMConfig(AlgoConfig):
+    beta: float = 0.9  # server momentum (Hsu et al. 2019 sweep; 0.9 is their common choice)
+    server_lr: float = 1.0  # server learning rate (Hsu et al. 2019: effective lr = server_lr / (1 - beta))
+    nesterov: bool = False
+
+
+class FedAvgM(FedAvg):
+    name = "fedavgm"
+    Config = FedAvgMConfig
+
+    def aggregate(self, global_state: State, results: list[ClientResult]) -> State:
+        average = super().aggregate(global_state, results)
+        new, self.server["velocity"] = server_momentum(global_state, average, self.server.get("velocity"),
+                                                       self.cfg.beta, self.cfg.server_lr, self.cfg.nesterov)
+        return new

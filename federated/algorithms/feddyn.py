@@ -1,0 +1,56 @@
+"""FedDyn (Acar et al. 2021): dynamic regularisation that aligns local and global stationary points.
+
+Local objective L_i(w) - <g_i, w> + alpha/2 ||w - w_global||^2; then g_i <- g_i - alpha (w_i - w_global).
+The server keeps h <- h - alpha/N sum_{i in S} (w_i - w_global) and sets w = mean_S(w_i) - h / alpha.
+Chen et al., ICLR 2023, §4.3 / Table 9.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..aggregate import State, weighted_average
+from ..task import Task
+from .base import AlgoConfig, ClientContext, ClientResult, FedAvg
+from .fedprox import proximal_term
+
+
+@dataclass(frozen=True)
+class FedDynConfig(AlgoConfig):
+    alpha: float = 0.01  # regularisation strength (Acar et al. 2021 use 0.01-0.1 on CIFAR)
+
+
+class FedDyn(FedAvg):
+    name = "feddyn"
+    Config = FedDynConfig
+
+    def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
+                   targets: Tensor) -> Tensor:
+        loss = super().local_loss(ctx, model, task, inputs, targets)
+        loss = loss + 0.5 * self.cfg.alpha * proximal_term(model, ctx.global_model)
+        grads = ctx.state.get("g")
+        if grads is not None:
+            loss = loss - sum((grads[k].to(p.device) * p).sum() for k, p in model.named_parameters())
+        return loss
+
+    @torch.no_grad()
+    def finish_client(self, ctx: ClientContext, model: nn.Module) -> dict:
+        glob = dict(ctx.global_model.named_parameters())
+        g = ctx.state.setdefault("g", {k: torch.zeros_like(p) for k, p in model.named_parameters()})
+        for name, p in model.named_parameters():
+            g[name] = g[name] - self.cfg.alpha * (p - glob[name])
+        return {"params": list(glob)}  # parameter names: h covers parameters, not BatchNorm buffers
+
+    def aggregate(self, global_state: State, results: list[ClientResult]) -> State:
+        n, alpha = len(self.sizes), self.cfg.alpha
+        mean = weighted_average([r.state for r in results], [1.0] * len(results))
+        params = results[0].extra["params"]
+        h = self.server.setdefault("h", {k: torch.zeros_like(global_state[k]) for k in params})
+        for k in params:
+            drift = sum(r.state[k] - global_state[k] for r in results)
+            h[k] = h[k] - alpha / n * drift
+            mean[k] = mean[k] - h[k] / alpha
+        return mean

@@ -1,0 +1,56 @@
+"""FedVC (Hsu et al. 2020, §3.2): virtual clients of a fixed size.
+
+Clients are selected with probability proportional to their size, and every selected client trains on the
+same number of examples per round: a subset when it has more, a resample with replacement when it has
+fewer. All virtual clients weigh the same in the average.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..aggregate import State, weighted_average
+from .base import AlgoConfig, ClientResult, FedAvg
+
+
+@dataclass(frozen=True)
+class FedVCConfig(AlgoConfig):
+    examples: int = 0  # examples per client per round; 0: the mean client size (the balanced setting)
+    replacement: str = "auto"  # auto (only when a client is smaller) | always | never
+
+    def __post_init__(self) -> None:
+        if self.replacement not in ("auto", "always", "never") or self.examples < 0:
+            raise ValueError("fedvc: replacement must be auto, always or never and examples >= 0")
+
+
+class FedVC(FedAvg):
+    name = "fedvc"
+    Config = FedVCConfig
+
+    def virtual_size(self) -> int:
+        return self.cfg.examples or round(float(np.mean(self.sizes)))
+
+    def select(self, rng: np.random.Generator, fraction: float) -> list[int]:
+        n = len(self.sizes)
+        m = max(1, round(fraction * n))
+        if m >= n:
+            return list(range(n))
+        p = np.asarray(self.sizes, dtype=np.float64) / sum(self.sizes)
+        return sorted(rng.choice(n, m, replace=False, p=p).tolist())
+
+    def round_pool(self, client: int, indices: Tensor, rng: np.random.Generator) -> Tensor:
+        k, n = self.virtual_size(), len(indices)
+        replace = self.cfg.replacement == "always" or (self.cfg.replacement == "auto" and n < k)
+        if k == n and not replace:
+            return indices  # nothing to resample: exactly FedAvg's data
+        if not replace and k > n:
+            raise ValueError(f"fedvc: client {client} has {n} < {k} examples and replacement=never")
+        pick = rng.choice(n, k, replace=replace)
+        return indices[torch.as_tensor(pick, dtype=torch.long)]
+
+    def aggregate(self, global_state: State, results: list[ClientResult]) -> State:
+        return weighted_average([r.state for r in results], [1.0] * len(results))

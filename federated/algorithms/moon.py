@@ -1,0 +1,70 @@
+"""MOON (Li, He & Song 2021): model-contrastive federated learning.
+
+A projection head maps the backbone features to z. The local loss adds
+mu * -log( exp(cos(z, z_glob)/tau) / (exp(cos(z, z_glob)/tau) + exp(cos(z, z_prev)/tau)) ),
+pulling the local representation towards the global model's and away from the client's previous local
+model's. Chen et al., ICLR 2023, §4.3 / Table 9 (tau = 0.5).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..task import Task
+from .base import AlgoConfig, ClientContext, FedAvg
+
+
+@dataclass(frozen=True)
+class MoonConfig(AlgoConfig):
+    mu: float = 1.0  # weight of the model-contrastive term (MOON: 1 for CIFAR-100/Tiny, 5 for CIFAR-10)
+    tau: float = 0.5  # temperature (MOON; Chen et al. Table 9)
+    proj_dim: int = 256  # projection head output (MOON: 2-layer MLP, 256-d)
+
+
+def moon_contrastive(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> Tensor:
+    """Per-sample model-contrastive loss, (B,): the global representation is the positive."""
+    pos = F.cosine_similarity(z, z_glob, dim=1) / tau
+    neg = F.cosine_similarity(z, z_prev, dim=1) / tau
+    return -pos + torch.logsumexp(torch.stack([pos, neg], 1), 1)
+
+
+class Moon(FedAvg):
+    name = "moon"
+    Config = MoonConfig
+
+    def prepare_model(self, model: nn.Module) -> None:
+        dim = model.backbone.feature_dim
+        model.projector = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(inplace=True),
+                                        nn.Linear(dim, self.cfg.proj_dim))
+
+    @staticmethod
+    def _z(model: nn.Module, inputs: Tensor) -> tuple[Tensor, Tensor]:
+        h = model.features(inputs)
+        return model.projector(h), model.head(h)
+
+    def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
+                   targets: Tensor) -> Tensor:
+        z, logits = self._z(model, inputs)
+        loss = task.loss(logits, targets).mean()
+        prev = ctx.state.get("prev")
+        with torch.no_grad():
+            z_glob = self._z(ctx.global_model, inputs)[0]
+            if prev is None:  # first round of this client: its previous model is the global one
+                z_prev = z_glob
+            else:
+                if "_prev_model" not in ctx.state:  # built once per client round, dropped in finish_client
+                    ctx.state["_prev_model"] = copy.deepcopy(ctx.global_model)
+                    ctx.state["_prev_model"].load_state_dict(prev)
+                z_prev = self._z(ctx.state["_prev_model"], inputs)[0]
+        return loss + self.cfg.mu * moon_contrastive(z, z_glob, z_prev, self.cfg.tau).mean()
+
+    @torch.no_grad()
+    def finish_client(self, ctx: ClientContext, model: nn.Module) -> dict:
+        ctx.state.pop("_prev_model", None)
+        ctx.state["prev"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        return {}

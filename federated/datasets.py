@@ -1,0 +1,163 @@
+"""The image-classification datasets that ``federate`` fine-tunes on, looked up by name in :data:`DATASETS`.
+
+Chen et al., ICLR 2023: CIFAR-10/100 at 32 px, Tiny-ImageNet and iNaturalist-GEO at 224 px (ResNet18, §4.2,
+Table 9), and a labelled image folder for the medical images of §4.5. ``digits`` (scikit-learn's 8 x 8 digits
+upsampled to 32 px) is embedded, needs no files, and is the default for smoke runs.
+
+:func:`load_dataset` returns an :class:`ImageData` held in memory as uint8 channels-last (N, S, S, 3) at the
+stored side S (32 px for CIFAR/digits, 64 px for folder datasets, to bound memory) with ``val_fraction`` of
+the training set held out (§4.2 reserves 2% for tuning). The model sees ``input_size`` px; the batch
+augmentation of :mod:`federated.augment` crops and resizes on the device. The rule, shared by all datasets:
+stored images of at most 32 px are trained at 32 px (the CIFAR recipe), larger ones at the dataset's input
+size (224 px for the ImageNet-style settings); the CLI may override it later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .loaders import (
+    DataError,
+    Loaded,
+    read_cifar,
+    read_imagefolder,
+    read_inat_geo,
+    read_tinyimagenet,
+)
+
+__all__ = ["DATASETS", "DataConfig", "DataError", "DatasetSpec", "ImageData", "input_size_for",
+           "load_dataset", "split_validation"]
+
+SMALL_SIDE = 32  # px: stored images this small are trained at 32 px (CIFAR, §4.2)
+DIGITS_TEST = 0.2  # share of sklearn's 1,797 digits in the fixed test set
+DIGITS_LEVELS = 16  # sklearn's digits take values 0..16
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = "digits"  # a key of DATASETS
+    root: str | None = None  # data folder (--data-root); unused by digits
+    download: bool = False  # torchvision download for cifar10/100 (users with a network)
+    store_size: int | None = None  # px side images are held at in memory; None: the dataset's default
+    split_csv: str | None = None  # inat-geo: the client split CSV (Hsu et al. 2020)
+    val_fraction: float = 0.02  # held-out share of the training set (§4.2 reserves 2% for tuning)
+    seed: int = 0  # fixes the validation split
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            raise DataError(f"val_fraction must lie in [0, 1), got {self.val_fraction}")
+        if self.store_size is not None and self.store_size <= 0:
+            raise DataError(f"store_size must be positive, got {self.store_size}")
+        if self.seed < 0:
+            raise DataError(f"seed must be non-negative, got {self.seed}")
+
+
+@dataclass
+class ImageData:
+    train_x: torch.Tensor  # uint8 (N, S, S, 3), channels-last like fractal renders, S = stored side
+    train_y: torch.Tensor  # int64 (N,)
+    test_x: torch.Tensor  # uint8 (M, S, S, 3)
+    test_y: torch.Tensor  # int64 (M,)
+    val_x: torch.Tensor  # uint8 (V, S, S, 3): the held-out val_fraction of the training set
+    val_y: torch.Tensor  # int64 (V,)
+    n_classes: int
+    classes: list[str]
+    clients: torch.Tensor | None  # int64 (N,) natural client of every training sample (inat-geo), else None
+    input_size: int  # px the model sees
+
+    def to(self, device: torch.device | str) -> ImageData:
+        """A copy with every tensor on ``device``."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, **moved)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    load: Callable[[DataConfig], ImageData]  # no validation split yet (load_dataset makes it)
+    store_size: int  # px, default stored side
+    input_size: int  # px, default model input side (Table 9 / §4.2 settings)
+    needs_root: bool  # needs --data-root
+    description: str  # one line: what and where the files are
+
+
+def input_size_for(default_input: int, stored: int) -> int:
+    """The model input side: 32 px when the stored side is <= 32, else the dataset's default."""
+    return SMALL_SIDE if stored <= SMALL_SIDE else default_input
+
+
+def split_validation(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, val) int64 indices partitioning range(n), each sorted; round(fraction n) val under ``seed``."""
+    n_val = int(round(fraction * n))
+    if n_val >= n:
+        raise DataError(f"val_fraction {fraction} leaves no training images out of {n}")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[n_val:].sort().values, perm[:n_val].sort().values
+
+
+def _digits(size: int) -> Loaded:
+    """sklearn's 1,797 digits, upsampled (bilinear) to size px grey RGB, 0..255; a fixed stratified 80/20
+    split (seed 0 whatever the config's seed, so the test set never changes)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = torch.from_numpy(digits.images).float()[:, None] * (255 / DIGITS_LEVELS)  # (N, 1, 8, 8)
+    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    x = x.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).expand(-1, -1, -1, 3).contiguous()
+    y = torch.from_numpy(digits.target.astype(np.int64))
+    train, test = train_test_split(np.arange(len(y)), test_size=DIGITS_TEST, stratify=digits.target,
+                                   random_state=0)
+    train, test = torch.from_numpy(np.sort(train)), torch.from_numpy(np.sort(test))
+    return Loaded(x[train], y[train], x[test], y[test], [str(d) for d in range(10)])
+
+
+def _spec(read: Callable[[DataConfig, int], Loaded], store_size: int, input_size: int, needs_root: bool,
+          description: str) -> DatasetSpec:
+    """A DatasetSpec whose load reads at the configured (or default) stored side, with an empty val split."""
+
+    def load(cfg: DataConfig) -> ImageData:
+        stored = cfg.store_size or store_size
+        data = read(cfg, stored)
+        empty = data.train_x[:0]
+        n_classes = len(data.classes)
+        return ImageData(data.train_x, data.train_y, data.test_x, data.test_y, empty, data.train_y[:0],
+                         n_classes, data.classes, data.clients, input_size_for(input_size, stored))
+
+    return DatasetSpec(load, store_size, input_size, needs_root, description)
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "cifar10": _spec(lambda cfg, s: read_cifar("cifar10", cfg.root, s, cfg.download), 32, 32, True,
+                     "CIFAR-10: ROOT/cifar-10-batches-py/ (torchvision format; --download fetches it)"),
+    "cifar100": _spec(lambda cfg, s: read_cifar("cifar100", cfg.root, s, cfg.download), 32, 32, True,
+                      "CIFAR-100: ROOT/cifar-100-python/ (torchvision format; --download fetches it)"),
+    "tinyimagenet": _spec(lambda cfg, s: read_tinyimagenet(cfg.root, s), 64, 224, True,
+                          "Tiny-ImageNet: ROOT/tiny-imagenet-200/ (or that folder itself); val = test"),
+    "inat-geo": _spec(lambda cfg, s: read_inat_geo(cfg.root, cfg.split_csv, s), 64, 224, True,
+                      "iNaturalist-2017 images under ROOT with a GEO client split CSV (--split-csv)"),
+    "imagefolder": _spec(lambda cfg, s: read_imagefolder(cfg.root, s), 64, 224, True,
+                         "a labelled folder ROOT/train/<class>/ and ROOT/test/<class>/ (e.g. chest X-rays)"),
+    "digits": _spec(lambda cfg, s: _digits(s), 32, 32, False,
+                    "scikit-learn's 8x8 digits at 32 px, embedded (1,437 train / 360 test)"),
+}
+
+
+def load_dataset(cfg: DataConfig) -> ImageData:
+    """The dataset of ``cfg`` in memory, ``val_fraction`` of the training set split off under ``seed``."""
+    spec = DATASETS.get(cfg.name)
+    if spec is None:
+        raise DataError(f"unknown dataset {cfg.name!r}; choose from {', '.join(DATASETS)}")
+    if spec.needs_root and not cfg.root:
+        raise DataError(f"dataset {cfg.name!r} needs --data-root DIR: {spec.description}")
+    data = spec.load(cfg)
+    train, val = split_validation(len(data.train_y), cfg.val_fraction, cfg.seed)
+    clients = None if data.clients is None else data.clients[train]
+    return dataclasses.replace(data, train_x=data.train_x[train], train_y=data.train_y[train],
+                               val_x=data.train_x[val], val_y=data.train_y[val], clients=clients)

@@ -1,0 +1,90 @@
+"""Initialising the global model: random, an fpsfl pre-training checkpoint, or ImageNet/Places365 weights.
+
+Chen et al., ICLR 2023 compare random initialisation with pre-training on ImageNet, Places365 and
+synthetic FPS data (§4.2, §4.5). ``--init`` is ``random``, a ``pretrain`` checkpoint path, or ``imagenet``
+(torchvision weights from the local torch hub cache: there is no download here); ``--init-format
+torchvision`` reads a plain state-dict file instead, e.g. the Places365 ResNet18 weights.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pretrain.checkpoint import CheckpointError, load_backbone_weights, load_checkpoint
+
+# torchvision's ImageNet weight files, as torch.hub stores them under <hub dir>/checkpoints/
+IMAGENET_FILES = {
+    "resnet18": "https://download.pytorch.org/models/resnet18-f37072fd.pth",
+    "mobilenet_v2": "https://download.pytorch.org/models/mobilenet_v2-b0353104.pth",
+}
+
+
+class InitError(ValueError):
+    """An initialisation that cannot be used; the message is one line."""
+
+
+def _plain_state(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict from a plain weights file; unwraps {"state_dict": ...} and DataParallel prefixes."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unpickling errors of every kind mean "not a plain weights file"
+        raise InitError(f"{path} is not a plain state-dict file loadable with weights_only=True "
+                        f"({type(exc).__name__})") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise InitError(f"{path} does not hold a state dict of tensors")
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def load_plain(backbone: nn.Module, path: Path, arch: str) -> list[str]:
+    """Load the backbone's tensors from a torchvision-style state dict; classifier keys are skipped."""
+    state = _plain_state(path)
+    own = backbone.state_dict()
+    usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    missing = sorted(set(own) - set(usable))
+    if missing:
+        raise InitError(f"{path} does not fit arch {arch!r}: {len(missing)} backbone tensors missing or "
+                        f"mis-shaped, e.g. {missing[0]}")
+    backbone.load_state_dict(usable)
+    return sorted(usable)
+
+
+def imagenet_path(arch: str) -> Path:
+    if arch not in IMAGENET_FILES:
+        raise InitError(f"--init imagenet has torchvision weights for {', '.join(IMAGENET_FILES)}, "
+                        f"not {arch!r}")
+    url = IMAGENET_FILES[arch]
+    path = Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[1]
+    if not path.is_file():
+        raise InitError(f"ImageNet weights for {arch} are not in the local cache: download {url} and put it "
+                        f"at {path}")
+    return path
+
+
+def initialise(backbone: nn.Module, arch: str, width: float, init: str, init_format: str = "fpsfl") -> str:
+    """Load ``init`` into ``backbone``; returns a one-line description of what was loaded."""
+    if init == "random":
+        return "random initialisation"
+    if init == "imagenet":
+        names = load_plain(backbone, imagenet_path(arch), arch)
+        return f"ImageNet weights (torchvision): {len(names)} backbone tensors loaded"
+    path = Path(init)
+    if not path.is_file():
+        raise InitError(f"--init {init}: no such file (use random, imagenet or a checkpoint path)")
+    if init_format == "torchvision":
+        names = load_plain(backbone, path, arch)
+        return f"{path} (torchvision state dict): {len(names)} backbone tensors loaded"
+    ckpt = load_checkpoint(path)
+    if ckpt["arch"] != arch or abs(ckpt["width"] - width) > 1e-9:
+        raise CheckpointError(f"{path} holds a {ckpt['arch']} (width {ckpt['width']:g}) backbone, but the "
+                              f"run uses --arch {arch} (width {width:g})")
+    names = load_backbone_weights(backbone, ckpt, str(path))
+    return (f"{path} ({ckpt['method']} on {ckpt['source']}, epoch {ckpt['epoch']}): "
+            f"{len(names)}/{len(backbone.state_dict())} backbone tensors loaded")

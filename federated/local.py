@@ -1,0 +1,55 @@
+"""Local training of one client (or of the centralised baseline) with an algorithm's hooks.
+
+Chen et al., ICLR 2023, §4.2 / Appendix B.1: SGD with momentum 0.9 and weight decay 1e-4 for E local
+epochs over the client's data in mini-batches. Data sit on the training device as uint8; each batch is
+indexed, augmented and normalised there (:mod:`federated.task`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .algorithms import ClientContext, FedAvg
+from .task import Task
+
+
+class DivergenceError(RuntimeError):
+    """The loss became NaN or inf; the message says where."""
+
+
+def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def local_train(model: nn.Module, optimizer: torch.optim.Optimizer, algo: FedAvg, ctx: ClientContext,
+                task: Task, x: Tensor, y: Tensor, pool: Tensor, epochs: int, batch_size: int,
+                order_gen: torch.Generator, aug_gen: torch.Generator, noise: float = 0.0) -> float:
+    """Train ``model`` in place on samples ``pool`` of (x, y); returns the mean training loss.
+
+    The sample order of each epoch is drawn from ``order_gen`` (CPU); augmentation from ``aug_gen``.
+    A batch of one sample is skipped (BatchNorm cannot train on it).
+    """
+    model.train()
+    total, count = torch.zeros((), device=x.device), 0
+    for _ in range(epochs):
+        order = pool[torch.randperm(len(pool), generator=order_gen)]
+        for batch in order.split(batch_size):
+            if len(batch) < 2:
+                continue
+            batch = batch.to(x.device)
+            inputs, targets = task.train_inputs(x[batch], y[batch], aug_gen, noise)
+            loss = algo.local_loss(ctx, model, task, inputs, targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            algo.before_step(ctx, model)
+            optimizer.step()
+            ctx.steps += 1
+            total += loss.detach().float()
+            count += 1
+    mean = total.item() / max(count, 1)
+    if not math.isfinite(mean):
+        raise DivergenceError(f"client {ctx.client}: the local loss became {mean}")
+    return mean

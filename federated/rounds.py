@@ -1,0 +1,238 @@
+"""The federated round loop and the centralised baseline (Chen et al., ICLR 2023, §4.2-4.4).
+
+Each round: select clients, train each from the global model (its test accuracy *before* aggregation is
+recorded for the ΔL/ΔG analysis of §4.4), aggregate with the algorithm, and test the new global model.
+After every round a metrics line and the round state (global model + algorithm state) are written, so a
+killed run continues with ``--resume`` and ends with the same metrics. All randomness of round r comes
+from seeds derived from (seed, r, client), so a run is reproducible on CPU and resumable at any round.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from pretrain.backbones import create_backbone
+from pretrain.checkpoint import atomic_save, plain
+from pretrain.rundir import RunDir
+
+from .algorithms import ALGORITHMS, ClientContext, ClientResult, FedAvg
+from .config import FederateConfig
+from .datasets import DataConfig, ImageData, load_dataset
+from .init import initialise
+from .local import DivergenceError, local_train, make_optimizer
+from .partition import PartitionConfig, client_noise, partition
+from .partition_report import write_partition_report
+from .task import ClassificationTask, evaluate
+
+FINAL_FORMAT = "fpsfl-federated/1"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    out: Path  # the run directory
+    device: str = "auto"
+    resume: bool = False
+    progress: bool = True
+    stop_after: int | None = None  # stop after this many rounds of this invocation (tests of --resume)
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _generators(cfg: FederateConfig, rnd: int, client: int, device: torch.device):
+    order = torch.Generator().manual_seed(_seed(cfg.seed, rnd, client, 1))
+    aug = torch.Generator(device=device).manual_seed(_seed(cfg.seed, rnd, client, 2))
+    return order, aug
+
+
+def lr_at(cfg: FederateConfig, rnd: int) -> float:
+    """Round ``rnd`` (0-based) learning rate: x lr_decay every lr_decay_every rounds (Appendix B.1)."""
+    return cfg.resolved_lr() * cfg.lr_decay ** (rnd // cfg.lr_decay_every)
+
+
+@dataclass
+class Setup:
+    data: ImageData
+    parts: list[torch.Tensor]
+    task: ClassificationTask
+    model: nn.Module
+    algo: FedAvg
+    init_report: str
+
+
+def partition_config(cfg: FederateConfig) -> PartitionConfig:
+    return PartitionConfig(name=cfg.partition, clients=cfg.clients, alpha=cfg.alpha,
+                           labels_per_client=cfg.labels_per_client, beta=cfg.beta, noise=cfg.noise,
+                           min_size=cfg.min_size, seed=cfg.seed)
+
+
+def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = None) -> Setup:
+    """Data (loaded unless given), partition, task, model (initialised) and algorithm, on ``device``."""
+    if data is None:
+        data = load_dataset(DataConfig(name=cfg.dataset, root=cfg.data_root, download=cfg.download,
+                                       store_size=cfg.store_size, split_csv=cfg.split_csv,
+                                       val_fraction=cfg.val_fraction, seed=cfg.seed))
+    labels = data.train_y.numpy()
+    natural = data.clients.numpy() if data.clients is not None else None
+    parts = partition(labels, partition_config(cfg), natural)
+    task = ClassificationTask(data.n_classes, cfg.input_size or data.input_size)
+    torch.manual_seed(cfg.seed)
+    backbone = create_backbone(cfg.arch, cfg.width)
+    report = initialise(backbone, cfg.arch, cfg.width, cfg.init, cfg.init_format)
+    model = task.build_model(backbone)
+    counts = np.stack([np.bincount(labels[p], minlength=data.n_classes) for p in parts])
+    algo = ALGORITHMS[cfg.algo](cfg.algo_config(), [len(p) for p in parts], counts)
+    algo.prepare_model(model)
+    return Setup(data.to(device), [torch.as_tensor(p, dtype=torch.long) for p in parts], task,
+                 model.to(device), algo, report)
+
+
+def _bn_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_buffers()}
+
+
+def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, run: RunDir,
+                bar: tqdm | None) -> dict:
+    """One round: local training of the selected clients, aggregation, evaluation; returns its metrics."""
+    lr = lr_at(cfg, rnd)
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, rnd, 0]))
+    selected = s.algo.select(rng, cfg.participation)
+    global_state = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
+    frozen = copy.deepcopy(s.model).eval().requires_grad_(False)
+    local = copy.deepcopy(s.model)
+    results, local_accs, losses = [], [], []
+    for i, client in enumerate(selected):
+        local.load_state_dict(global_state)
+        own_bn = s.algo.clients[client].get("bn") if cfg.bn == "local" else None
+        if own_bn is not None:
+            local.load_state_dict(own_bn, strict=False)
+        ctx = ClientContext(client, frozen, lr, cfg.momentum, s.algo.clients[client])
+        pool = s.algo.round_pool(client, s.parts[client], rng)
+        order_gen, aug_gen = _generators(cfg, rnd, client, device)
+        optimizer = make_optimizer(local, lr, cfg.momentum, cfg.weight_decay)
+        losses.append(local_train(local, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y, pool,
+                                  cfg.local_epochs, cfg.resolved_batch(), order_gen, aug_gen,
+                                  client_noise_for(cfg, client)))
+        extra = s.algo.finish_client(ctx, local)
+        if cfg.bn == "local":
+            ctx.state["bn"] = _bn_buffers(local)
+        if cfg.eval_local:
+            local_accs.append(evaluate(local, s.task, s.data.test_x, s.data.test_y)["acc"])
+        state = {k: v.detach().clone() for k, v in local.state_dict().items()}
+        if rnd + 1 in cfg.save_local_models:
+            _save_local(run.path, rnd + 1, client, state, global_state)
+        results.append(ClientResult(client, state, len(pool), ctx.steps, extra))
+        if bar is not None:
+            bar.set_postfix_str(f"client {i + 1}/{len(selected)}")
+    s.model.load_state_dict(s.algo.aggregate(global_state, results))
+    test = evaluate(s.model, s.task, s.data.test_x, s.data.test_y)
+    record = {"round": rnd + 1, "lr": lr, "test_acc": test["acc"], "test_loss": test["loss"],
+              "train_loss": float(np.mean(losses)), "clients": selected}
+    if local_accs:
+        record.update(local_acc=float(np.mean(local_accs)), local_accs=local_accs)
+    return record
+
+
+def client_noise_for(cfg: FederateConfig, client: int) -> float:
+    return client_noise(partition_config(cfg), client)
+
+
+def _save_local(run_dir: Path, rnd: int, client: int, state: dict, global_state: dict) -> None:
+    folder = run_dir / "local" / f"round_{rnd:04d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "global.pt").exists():
+        atomic_save({k: v.cpu() for k, v in global_state.items()}, folder / "global.pt")
+    atomic_save({k: v.cpu() for k, v in state.items()}, folder / f"client_{client:03d}.pt")
+
+
+def centralized_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device,
+                      optimizer: torch.optim.Optimizer) -> dict:
+    """One 'round' of the centralised baseline: local_epochs epochs on the union of the clients, with one
+    optimiser for the whole run and the same learning-rate schedule (the CL of ΔCL-FL, §4.2)."""
+    lr = lr_at(cfg, rnd)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    pool = torch.cat(s.parts)
+    ctx = ClientContext(-1, s.model, lr, cfg.momentum, {})
+    order_gen, aug_gen = _generators(cfg, rnd, 0, device)
+    loss = local_train(s.model, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y, pool,
+                       cfg.local_epochs, cfg.resolved_batch(), order_gen, aug_gen)
+    test = evaluate(s.model, s.task, s.data.test_x, s.data.test_y)
+    return {"round": rnd + 1, "lr": lr, "test_acc": test["acc"], "test_loss": test["loss"],
+            "train_loss": loss}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA device is available")
+    return device
+
+
+def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) -> list[dict]:
+    """Run (or resume) a simulation into ``opts.out``; returns all metrics rows. ``data`` replaces the
+    configured dataset (tests)."""
+    device = resolve_device(opts.device)
+    rundir = RunDir(opts.out)
+    if not opts.resume:
+        rundir.ensure_new()  # before the (slow) data loading, and before anything is written
+    s = setup(cfg, device, data)
+    config = {"federate": cfg.to_dict(), "algo": plain(vars(cfg.algo_config()))}
+    optimizer = make_optimizer(s.model, cfg.resolved_lr(), cfg.momentum, cfg.weight_decay)
+    if opts.resume:
+        state = rundir.load_state(config, compare=("federate", "algo"))
+        s.model.load_state_dict(state["model"])
+        s.algo.load_state_dict(state["algo"])
+        if cfg.centralized:
+            optimizer.load_state_dict(state["optimizer"])
+        start = int(state["done"])
+    else:
+        rundir.create(config, opts)
+        start = 0
+    _write_partition(rundir.path, cfg, s)
+    if opts.progress:
+        tqdm.write(f"init: {s.init_report}")
+    bar = tqdm(total=cfg.rounds, initial=start, desc="centralised" if cfg.centralized else "rounds",
+               unit="round", disable=not opts.progress, dynamic_ncols=True)
+    for rnd in range(start, cfg.rounds):
+        if opts.stop_after is not None and rnd - start >= opts.stop_after:
+            break
+        t0 = time.perf_counter()
+        try:
+            record = (centralized_round(s, cfg, rnd, device, optimizer) if cfg.centralized
+                      else train_round(s, cfg, rnd, device, rundir, bar))
+        except DivergenceError as exc:
+            bar.close()
+            raise DivergenceError(f"round {rnd + 1}: {exc}; the last good round ({rnd}) is kept in "
+                                  f"{rundir.path} (try a lower --lr)") from None
+        record["seconds"] = time.perf_counter() - t0
+        rundir.append_metrics(record)
+        state = {"done": rnd + 1, "model": s.model.state_dict(), "algo": s.algo.state_dict()}
+        if cfg.centralized:
+            state["optimizer"] = optimizer.state_dict()
+        rundir.save_state(state)
+        bar.set_postfix(acc=f"{record['test_acc']:.3f}")
+        bar.update(1)
+    bar.close()
+    if rundir.metrics() and rundir.metrics()[-1]["round"] == cfg.rounds:
+        final = {"format": FINAL_FORMAT, "arch": cfg.arch, "width": cfg.width, "n_classes": s.task.n_classes,
+                 "config": plain(config), "model": {k: v.cpu() for k, v in s.model.state_dict().items()}}
+        atomic_save(final, rundir.path / "final.pt")
+    return rundir.metrics()
+
+
+def _write_partition(run_dir: Path, cfg: FederateConfig, s: Setup) -> None:
+    parts = [p.numpy() for p in s.parts]
+    write_partition_report(run_dir, parts, s.data.train_y.cpu().numpy(), s.data.n_classes,
+                           partition_config(cfg))

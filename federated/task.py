@@ -1,0 +1,94 @@
+"""What a federated task is to the round loop: model head, loss, metric and augmentation.
+
+Chen et al., ICLR 2023 study image classification (§4.2-4.4) and Cityscapes segmentation (§4.5). The round
+loop and the algorithms only talk to a :class:`Task`, so a segmentation task plugs in by implementing the
+same few methods. Per-sample losses (shape (B,)) let algorithms such as FedIR reweight samples.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .augment import TrainAugment, add_noise, augment_batch, eval_batch
+
+
+class Task(Protocol):
+    n_classes: int
+
+    def build_model(self, backbone: nn.Module) -> nn.Module: ...
+
+    def train_inputs(self, x: Tensor, y: Tensor, generator: torch.Generator,
+                     noise: float) -> tuple[Tensor, Tensor]: ...
+
+    def eval_inputs(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def loss(self, output: Tensor, target: Tensor) -> Tensor: ...  # per sample, (B,)
+
+    def correct(self, output: Tensor, target: Tensor) -> Tensor: ...  # per sample score in [0, 1], (B,)
+
+    def labels(self, y: Tensor) -> Tensor: ...  # one class label per sample, for class-ratio methods
+
+
+class Classifier(nn.Module):
+    """A backbone (pooled features) and a linear head; ``features`` exposes the representation."""
+
+    def __init__(self, backbone: nn.Module, n_classes: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(backbone.feature_dim, n_classes)
+
+    def features(self, x: Tensor) -> Tensor:
+        return self.backbone(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.backbone(x))
+
+
+class ClassificationTask:
+    """Cross-entropy and top-1 accuracy; pad-crop + flip at 32 px, random-resized-crop + flip above."""
+
+    def __init__(self, n_classes: int, input_size: int):
+        self.n_classes = n_classes
+        self.augment = TrainAugment(input_size=input_size)
+
+    def build_model(self, backbone: nn.Module) -> nn.Module:
+        return Classifier(backbone, self.n_classes)
+
+    def train_inputs(self, x: Tensor, y: Tensor, generator: torch.Generator,
+                     noise: float) -> tuple[Tensor, Tensor]:
+        inputs = augment_batch(x, self.augment, generator)
+        if noise > 0:
+            inputs = add_noise(inputs, noise, generator, self.augment.std)
+        return inputs, y
+
+    def eval_inputs(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        return eval_batch(x, self.augment.input_size, self.augment.mean, self.augment.std), y
+
+    def loss(self, output: Tensor, target: Tensor) -> Tensor:
+        return F.cross_entropy(output.float(), target, reduction="none")
+
+    def correct(self, output: Tensor, target: Tensor) -> Tensor:
+        return (output.argmax(1) == target).float()
+
+    def labels(self, y: Tensor) -> Tensor:
+        return y
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, task: Task, x: Tensor, y: Tensor, batch_size: int = 512) -> dict[str, float]:
+    """Mean loss and accuracy of ``model`` on (x, y), in eval mode (BatchNorm running statistics)."""
+    was_training = model.training
+    model.eval()
+    loss = correct = 0.0
+    for start in range(0, len(x), batch_size):
+        inputs, target = task.eval_inputs(x[start:start + batch_size], y[start:start + batch_size])
+        out = model(inputs)
+        loss += task.loss(out, target).sum().item()
+        correct += task.correct(out, target).sum().item()
+    model.train(was_training)
+    n = max(len(x), 1)
+    return {"loss": loss / n, "acc": correct / n}

@@ -1,0 +1,391 @@
+"""Dataset loaders on tiny data written in each real on-disk format; validation split; every DataError."""
+
+import csv
+import io
+import os
+import pickle
+import random
+import struct
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from federated.datasets import (
+    DATASETS,
+    DataConfig,
+    DataError,
+    ImageData,
+    input_size_for,
+    load_dataset,
+    split_validation,
+)
+
+# ---- writers of the real formats ---------------------------------------------------------------------------
+
+
+class _Py2Pickler(pickle._Pickler):
+    """Writes bytes as Python 2 ``str`` (SHORT_BINSTRING / BINSTRING), as the CIFAR files were written:
+    torchvision reads them with ``encoding="latin1"``, which turns keys like b"data" into "data"."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def _save_py2_str(self, obj: bytes) -> None:
+        n = len(obj)
+        self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj if n < 256
+                   else pickle.BINSTRING + struct.pack("<i", n) + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = _save_py2_str
+
+
+def _py2_dump(obj, path) -> None:
+    buf = io.BytesIO()
+    _Py2Pickler(buf, protocol=2).dump(obj)
+    path.write_bytes(buf.getvalue())
+
+
+def _write_cifar(root, hundred: bool, per_file: int = 20, seed: int = 0):
+    """A fake cifar-10-batches-py/ (or cifar-100-python/); returns {file: (data (N, 3072), labels)}."""
+    rng = np.random.default_rng(seed)
+    folder = root / ("cifar-100-python" if hundred else "cifar-10-batches-py")
+    folder.mkdir(parents=True)
+    n_classes = 100 if hundred else 10
+    files = ["train", "test"] if hundred else [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    written = {}
+    for name in files:
+        data = rng.integers(0, 256, (per_file, 3072), dtype=np.uint8)  # rows are C, H, W flattened
+        labels = rng.integers(0, n_classes, per_file).tolist()
+        entry = {b"data": data, b"filenames": [f"img{i}.png".encode() for i in range(per_file)]}
+        if hundred:
+            entry |= {b"fine_labels": labels, b"coarse_labels": [y // 5 for y in labels]}
+        else:
+            entry |= {b"labels": labels, b"batch_label": f"{name}".encode()}
+        _py2_dump(entry, folder / name)
+        written[name] = (data, labels)
+    names = [f"class{i}".encode() for i in range(n_classes)]
+    meta = {b"fine_label_names": names, b"coarse_label_names": names[:20]} if hundred else \
+        {b"label_names": names, b"num_cases_per_batch": per_file, b"num_vis": 3072}
+    _py2_dump(meta, folder / ("meta" if hundred else "batches.meta"))
+    return written
+
+
+@pytest.fixture
+def skip_md5(monkeypatch):
+    """torchvision checks the files' md5 sums; the fake files only need to exist."""
+    import torchvision.datasets.cifar as cifar
+
+    monkeypatch.setattr(cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
+
+
+def _colour(k: int) -> tuple[int, int, int]:
+    """Image k's solid colour: R encodes k (k < 60), far apart enough to survive JPEG."""
+    return 4 * k + 10, 100 + (k % 3) * 60, 200
+
+
+def _identify(x: torch.Tensor) -> list[int]:
+    """uint8 (N, S, S, 3) solid images -> their k."""
+    return ((x[..., 0].float().mean((1, 2)) - 10) / 4).round().long().tolist()
+
+
+def _save(path, k: int, fmt: str = "PNG", wh=(12, 9)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", wh, _colour(k)).save(path, fmt, quality=98)
+
+
+TINY_WNIDS = ["n03", "n01", "n02"]  # not sorted: labels must follow wnids.txt, not the folder order
+
+
+def _write_tiny(root):
+    """tiny-imagenet-200/ with 3 classes x 3 train JPEGs (k = 3 c + i) and 4 val JPEGs (k = 20 + j)."""
+    base = root / "tiny-imagenet-200"
+    base.mkdir(parents=True)
+    (base / "wnids.txt").write_text("\n".join(TINY_WNIDS) + "\n")
+    for c, wnid in enumerate(TINY_WNIDS):
+        for i in range(3):
+            _save(base / "train" / wnid / "images" / f"{wnid}_{i}.JPEG", 3 * c + i, "JPEG", (64, 64))
+        (base / "train" / wnid / f"{wnid}_boxes.txt").write_text("")
+    val_labels = [2, 0, 1, 2]
+    lines = []
+    for j, c in enumerate(val_labels):
+        _save(base / "val" / "images" / f"val_{j}.JPEG", 20 + j, "JPEG", (64, 64))
+        lines.append(f"val_{j}.JPEG\t{TINY_WNIDS[c]}\t0\t0\t63\t63")
+    (base / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
+    train_owner = {3 * c + i: c for c in range(3) for i in range(3)}
+    return base, train_owner, {20 + j: c for j, c in enumerate(val_labels)}
+
+
+INAT_CLIENTS = {"geo_b": 12, "geo_a": 10, "geo_c": 20}  # images per client; sorted ids: a=0, b=1, c=2
+
+
+def _write_inat(root, header=("user_id", "image_id", "class", "label"), shuffle: int | None = None):
+    """iNat-2017-like images train_val_images/<super>/<species>/<id>.jpg and a Hsu-et-al.-style CSV
+    (image ids = file stems); image k has label k % 4 (class column) and a different original label.
+    Returns the CSV path and {k: (client, label, path relative to the image root)}."""
+    rows, owner = [], {}
+    k = 0
+    for client, n in INAT_CLIENTS.items():
+        for _ in range(n):
+            image_id = f"{k * 7919 % 1000:03d}abc{k}"
+            rel = os.path.join("train_val_images", "Plantae", f"sp{k % 4}", f"{image_id}.jpg")
+            _save(root / "images" / rel, k, "JPEG")
+            rows.append([client, image_id, str(k % 4), str(1000 + k)])
+            owner[k] = (client, k % 4, rel)
+            k += 1
+    if shuffle is not None:
+        random.Random(shuffle).shuffle(rows)
+    path = root / "split.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([list(header)] + rows)
+    return str(path), owner
+
+
+def _write_imagefolder(root, test_classes=("cat", "dog")):
+    """ROOT/train/{cat,dog,eel}/, 2 images each (k = 2 c + i); ROOT/test/<test_classes>/ (k = 10, 11, ...)."""
+    for c, name in enumerate(["cat", "dog", "eel"]):
+        for i in range(2):
+            _save(root / "train" / name / f"{i}.png", 2 * c + i)
+    test = {}
+    for j, name in enumerate(test_classes):
+        _save(root / "test" / name / "t.png", 10 + j)
+        test[10 + j] = ["cat", "dog", "eel"].index(name) if name in ("cat", "dog", "eel") else -1
+    return test
+
+
+# ---- one builder per registered dataset: a new dataset without one fails test_every_dataset_is_built -----
+
+
+def _build_cifar10(tmp_path):
+    _write_cifar(tmp_path, hundred=False)
+    return DataConfig("cifar10", root=str(tmp_path))
+
+
+def _build_cifar100(tmp_path):
+    _write_cifar(tmp_path, hundred=True)
+    return DataConfig("cifar100", root=str(tmp_path))
+
+
+def _build_tiny(tmp_path):
+    _write_tiny(tmp_path)
+    return DataConfig("tinyimagenet", root=str(tmp_path), store_size=16)
+
+
+def _build_inat(tmp_path):
+    csv_path, _ = _write_inat(tmp_path)
+    return DataConfig("inat-geo", root=str(tmp_path / "images"), split_csv=csv_path, store_size=8)
+
+
+def _build_imagefolder(tmp_path):
+    _write_imagefolder(tmp_path)
+    return DataConfig("imagefolder", root=str(tmp_path), store_size=8)
+
+
+BUILDERS = {"cifar10": _build_cifar10, "cifar100": _build_cifar100, "tinyimagenet": _build_tiny,
+            "inat-geo": _build_inat, "imagefolder": _build_imagefolder, "digits": lambda _: DataConfig()}
+
+
+def test_every_dataset_is_built():
+    assert set(BUILDERS) == set(DATASETS)
+
+
+@pytest.mark.parametrize("name", sorted(DATASETS))
+def test_every_dataset_loads_with_consistent_shapes(name, tmp_path, skip_md5):
+    cfg = DataConfig(**{**BUILDERS[name](tmp_path).__dict__, "val_fraction": 0.2})
+    spec, data = DATASETS[name], load_dataset(cfg)
+    assert isinstance(data, ImageData) and spec.description and "\n" not in spec.description
+    s = cfg.store_size or spec.store_size
+    assert data.input_size == input_size_for(spec.input_size, s)
+    for x, y in ((data.train_x, data.train_y), (data.val_x, data.val_y), (data.test_x, data.test_y)):
+        assert x.dtype == torch.uint8 and x.shape[1:] == (s, s, 3) and len(x) > 0
+        assert y.dtype == torch.int64 and y.shape == (len(x),)
+        assert 0 <= int(y.min()) and int(y.max()) < data.n_classes == len(data.classes)
+    if data.clients is not None:
+        assert data.clients.dtype == torch.int64 and data.clients.shape == data.train_y.shape
+
+
+def test_input_size_rule():
+    assert input_size_for(224, 64) == 224 and input_size_for(224, 32) == 32 and input_size_for(32, 32) == 32
+    assert input_size_for(224, 16) == 32 and input_size_for(32, 64) == 32
+
+
+# ---- CIFAR ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hundred", [False, True])
+def test_cifar_reads_the_real_pickles(tmp_path, skip_md5, hundred):
+    written = _write_cifar(tmp_path, hundred)
+    name = "cifar100" if hundred else "cifar10"
+    data = load_dataset(DataConfig(name, root=str(tmp_path), val_fraction=0))
+    train_files = ["train"] if hundred else [f"data_batch_{i}" for i in range(1, 6)]
+    test_files = ["test"] if hundred else ["test_batch"]
+    for files, x, y in ((train_files, data.train_x, data.train_y), (test_files, data.test_x, data.test_y)):
+        chw = np.concatenate([written[f][0] for f in files]).reshape(-1, 3, 32, 32)
+        assert torch.equal(x, torch.from_numpy(chw.transpose(0, 2, 3, 1).copy()))  # HWC, as fractal renders
+        assert y.tolist() == [label for f in files for label in written[f][1]]
+    n = 100 if hundred else 10
+    assert data.n_classes == n and data.classes == [f"class{i}" for i in range(n)] and data.clients is None
+    assert data.input_size == 32 and len(data.val_y) == 0
+
+
+def test_cifar_store_size_resizes(tmp_path, skip_md5):
+    _write_cifar(tmp_path, hundred=False)
+    data = load_dataset(DataConfig("cifar10", root=str(tmp_path), store_size=16, val_fraction=0))
+    assert data.train_x.shape == (100, 16, 16, 3) and data.input_size == 32
+
+
+def test_cifar_missing_or_partial_files_suggest_download(tmp_path, skip_md5):
+    with pytest.raises(DataError, match="--download") as e:
+        load_dataset(DataConfig("cifar10", root=str(tmp_path)))
+    assert str(tmp_path / "cifar-10-batches-py") in str(e.value)
+    _write_cifar(tmp_path, hundred=False)
+    (tmp_path / "cifar-10-batches-py" / "data_batch_3").unlink()
+    with pytest.raises(DataError, match="missing or corrupted.*--download"):
+        load_dataset(DataConfig("cifar10", root=str(tmp_path)))
+
+
+def test_cifar_md5_is_checked_without_the_test_patch(tmp_path):
+    _write_cifar(tmp_path, hundred=True)  # the fake files cannot match the real md5 sums
+    with pytest.raises(DataError, match="corrupted"):
+        load_dataset(DataConfig("cifar100", root=str(tmp_path)))
+
+
+# ---- Tiny-ImageNet ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point_at", ["parent", "folder"])
+def test_tinyimagenet_labels_follow_wnids(tmp_path, point_at):
+    base, train_owner, test_owner = _write_tiny(tmp_path)
+    root = base if point_at == "folder" else tmp_path
+    data = load_dataset(DataConfig("tinyimagenet", root=str(root), val_fraction=0))
+    assert data.classes == TINY_WNIDS and data.n_classes == 3
+    assert data.train_x.shape == (9, 64, 64, 3) and data.input_size == 224
+    assert data.train_y.tolist() == [train_owner[k] for k in _identify(data.train_x)]
+    assert sorted(_identify(data.train_x)) == sorted(train_owner)
+    assert _identify(data.test_x) == [20, 21, 22, 23]  # val_annotations.txt order
+    assert data.test_y.tolist() == [test_owner[k] for k in _identify(data.test_x)]
+
+
+def test_tinyimagenet_small_store_trains_at_32(tmp_path):
+    _write_tiny(tmp_path)
+    data = load_dataset(DataConfig("tinyimagenet", root=str(tmp_path), store_size=32))
+    assert data.train_x.shape[1:] == (32, 32, 3) and data.input_size == 32
+
+
+# ---- iNaturalist-GEO --------------------------------------------------------------------------------------
+
+
+def _inat(tmp_path, csv_path, **kw):
+    return load_dataset(DataConfig("inat-geo", root=str(tmp_path / "images"), split_csv=csv_path,
+                                   store_size=8, val_fraction=0, **kw))
+
+
+def test_inat_geo_natural_clients_labels_and_holdout(tmp_path):
+    csv_path, owner = _write_inat(tmp_path)
+    data = _inat(tmp_path, csv_path)
+    train_k, test_k = _identify(data.train_x), _identify(data.test_x)
+    assert sorted(train_k + test_k) == sorted(owner)  # every image once
+    ids = {"geo_a": 0, "geo_b": 1, "geo_c": 2}
+    assert data.clients.tolist() == [ids[owner[k][0]] for k in train_k]
+    assert data.train_y.tolist() == [owner[k][1] for k in train_k]  # the `class` column, not `label`
+    assert data.test_y.tolist() == [owner[k][1] for k in test_k]
+    held = [sum(owner[k][0] == c for k in test_k) for c in INAT_CLIENTS]
+    assert held == [n // 10 for n in INAT_CLIENTS.values()]  # 10% of each client, rounded down
+    assert data.n_classes == 4 and data.input_size == 32 and data.train_x.shape[1:] == (8, 8, 3)
+
+
+def test_inat_geo_holdout_ignores_seed_and_row_order(tmp_path):
+    csv_path, _ = _write_inat(tmp_path)
+    test = sorted(_identify(_inat(tmp_path, csv_path).test_x))
+    assert sorted(_identify(_inat(tmp_path, csv_path, seed=3).test_x)) == test
+    (tmp_path / "split.csv").unlink()
+    shuffled, _ = _write_inat(tmp_path, shuffle=1)
+    assert sorted(_identify(_inat(tmp_path, shuffled).test_x)) == test
+
+
+def test_inat_geo_paths_and_split_column(tmp_path):
+    _, owner = _write_inat(tmp_path)
+    rows = [[f" {c} ", rel, y, "test" if k % 5 == 0 else "Train"] for k, (c, y, rel) in owner.items()]
+    with open(tmp_path / "paths.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["Client", "image_path", "label", "split"]] + rows)
+    data = _inat(tmp_path, str(tmp_path / "paths.csv"))
+    assert sorted(_identify(data.test_x)) == [k for k in sorted(owner) if k % 5 == 0]
+    assert data.train_y.tolist() == [owner[k][1] for k in _identify(data.train_x)]
+
+
+# ---- imagefolder, digits, validation ----------------------------------------------------------------------
+
+
+def test_imagefolder_train_and_test_classes(tmp_path):
+    test_owner = _write_imagefolder(tmp_path, test_classes=("cat", "eel"))  # test lacks dog
+    data = load_dataset(DataConfig("imagefolder", root=str(tmp_path), store_size=8, val_fraction=0))
+    assert data.classes == ["cat", "dog", "eel"] and data.input_size == 32  # stored 8 px <= 32
+    assert _identify(data.train_x) == list(range(6)) and data.train_y.tolist() == [0, 0, 1, 1, 2, 2]
+    assert data.test_y.tolist() == [test_owner[k] for k in _identify(data.test_x)] == [0, 2]
+    assert load_dataset(DataConfig("imagefolder", root=str(tmp_path))).input_size == 224  # stored 64 px
+
+
+def test_digits_shape_range_and_fixed_test_set():
+    a, b = load_dataset(DataConfig()), load_dataset(DataConfig(seed=7))
+    assert a.train_x.shape[1:] == (32, 32, 3) and a.train_x.dtype == torch.uint8
+    assert len(a.test_y) == 360 and len(a.train_y) + len(a.val_y) == 1437 and len(a.val_y) == 29
+    assert int(a.train_x.max()) == 255 and int(a.train_x.min()) == 0
+    assert torch.equal(a.train_x[..., 0], a.train_x[..., 2])  # grey
+    assert torch.equal(a.test_x, b.test_x) and torch.equal(a.test_y, b.test_y)  # whatever the seed
+    assert not torch.equal(a.val_y, b.val_y) or not torch.equal(a.val_x, b.val_x)
+    assert torch.bincount(a.test_y).tolist() == torch.bincount(b.test_y).tolist()
+    assert torch.bincount(a.test_y).min() >= 35  # stratified: ~36 per class
+    c = load_dataset(DataConfig())
+    assert torch.equal(a.train_x, c.train_x) and torch.equal(a.val_y, c.val_y)
+
+
+def test_split_validation_partitions_deterministically():
+    train, val = split_validation(1000, 0.02, seed=4)
+    assert len(val) == 20 and len(train) == 980
+    assert sorted(train.tolist() + val.tolist()) == list(range(1000))  # disjoint and complete
+    assert train.tolist() == sorted(train.tolist()) and val.tolist() == sorted(val.tolist())
+    again, other = split_validation(1000, 0.02, seed=4), split_validation(1000, 0.02, seed=5)
+    assert torch.equal(val, again[1]) and not torch.equal(val, other[1])
+    assert len(split_validation(10, 0.0, 0)[1]) == 0
+
+
+def test_val_split_of_loaded_data_is_disjoint_from_train():
+    full = load_dataset(DataConfig(val_fraction=0))
+    data = load_dataset(DataConfig(val_fraction=0.1, seed=2))
+    train, val = split_validation(len(full.train_y), 0.1, 2)
+    assert torch.equal(data.val_x, full.train_x[val]) and torch.equal(data.train_x, full.train_x[train])
+    assert torch.equal(data.val_y, full.train_y[val])
+
+
+def test_to_moves_every_tensor():
+    data = load_dataset(DataConfig()).to("meta")
+    assert all(t.device.type == "meta" for t in (data.train_x, data.val_y, data.test_x))
+
+
+# ---- every DataError is one line --------------------------------------------------------------------------
+
+
+def _bad_csv(tmp_path):
+    _write_inat(tmp_path, header=("user_id", "picture", "class", "label"))
+    return DataConfig("inat-geo", root=str(tmp_path / "images"), split_csv=str(tmp_path / "split.csv"))
+
+
+ERRORS = {
+    "unknown dataset": (lambda p: DataConfig("mnist"), "unknown dataset 'mnist'; choose from cifar10"),
+    "missing root": (lambda p: DataConfig("cifar10"), "needs --data-root"),
+    "root does not exist": (lambda p: DataConfig("tinyimagenet", root=str(p / "nope")), "no wnids.txt"),
+    "cifar files missing": (lambda p: DataConfig("cifar100", root=str(p)), "pass --download"),
+    "bad csv header": (_bad_csv, "no image column.*accepted names"),
+    "no split csv": (lambda p: DataConfig("inat-geo", root=str(p)), "--split-csv"),
+    "no test folder": (lambda p: (p / "train" / "a").mkdir(parents=True) or
+                       DataConfig("imagefolder", root=str(p)), "ROOT/test"),
+    "val fraction": (lambda p: DataConfig(val_fraction=1.0), r"val_fraction must lie in \[0, 1\)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS))
+def test_data_errors_are_one_line(case, tmp_path):
+    build, pattern = ERRORS[case]
+    with pytest.raises(DataError, match=pattern) as e:
+        load_dataset(build(tmp_path))
+    assert "\n" not in str(e.value) and isinstance(e.value, ValueError)

@@ -1,0 +1,117 @@
+"""The `federate` CLI and model initialisation: a digits run, pretrain checkpoints, one-line errors."""
+
+import json
+
+import pytest
+import torch
+
+from federated.cli import main
+from federated.config import FederateConfig
+from federated.init import InitError, initialise
+from federated.rounds import setup
+from pretrain.backbones import create_backbone
+from pretrain.checkpoint import make_checkpoint, save_checkpoint
+
+TINY = ["--width", "0.25", "--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
+        "--quiet", "--alpha", "1.0"]
+
+
+def _cli(args, capsys):
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _ckpt(path, arch="resnet20", width=0.25, seed=1):
+    torch.manual_seed(seed)
+    net = create_backbone(arch, width)
+    save_checkpoint(make_checkpoint(net, arch=arch, width=width, method="simsiam", source="fps", epoch=1,
+                                    config={}), path)
+    return net
+
+
+def test_digits_run_writes_the_run_directory(tmp_path, capsys):
+    code, out, err = _cli(["--out", tmp_path / "d", *TINY, "--save-local-models", "1"], capsys)
+    assert code == 0, err
+    assert "test acc" in out
+    run = tmp_path / "d"
+    for name in ("config.json", "metrics.jsonl", "partition.json", "partition.png", "state.pt", "final.pt"):
+        assert (run / name).is_file(), name
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["round"] == 1 and 0 <= row["test_acc"] <= 1 and len(row["local_accs"]) == 3
+    config = json.loads((run / "config.json").read_text())["config"]["federate"]
+    assert config["lr"] == 0.01 and config["batch_size"] == 32  # the resolved preset is recorded
+    assert sorted(p.name for p in (run / "local" / "round_0001").iterdir()) == [
+        "client_000.pt", "client_001.pt", "client_002.pt", "global.pt"]
+
+
+def test_init_from_a_pretrain_checkpoint_loads_every_backbone_tensor(tmp_path):
+    net = _ckpt(tmp_path / "fps.ckpt")
+    cfg = FederateConfig(width=0.25, init=str(tmp_path / "fps.ckpt"), clients=3)
+    s = setup(cfg, torch.device("cpu"))
+    loaded = s.model.backbone.state_dict()
+    assert set(loaded) == set(net.state_dict())
+    assert all(torch.equal(loaded[k], v) for k, v in net.state_dict().items())
+    n = len(net.state_dict())
+    assert f"{n}/{n} backbone tensors loaded" in s.init_report
+
+
+def test_torchvision_state_dict_and_imagenet_cache(tmp_path, monkeypatch):
+    net = create_backbone("resnet18")
+    state = {f"module.{k}": v for k, v in net.state_dict().items()}
+    state["module.fc.weight"] = torch.zeros(365, 512)  # a Places365 head is skipped
+    torch.save({"state_dict": state}, tmp_path / "places.pth")
+    fresh = create_backbone("resnet18")
+    assert "tensors loaded" in initialise(fresh, "resnet18", 1.0, str(tmp_path / "places.pth"), "torchvision")
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in net.state_dict().items())
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    with pytest.raises(InitError, match="resnet18-f37072fd.pth"):
+        initialise(fresh, "resnet18", 1.0, "imagenet")
+
+
+def test_an_existing_run_is_not_overwritten(tmp_path, capsys):
+    assert _cli(["--out", tmp_path / "d", *TINY], capsys)[0] == 0
+    before = (tmp_path / "d" / "metrics.jsonl").read_text()
+    code, _, err = _cli(["--out", tmp_path / "d", *TINY], capsys)
+    assert code == 2 and "--resume" in err
+    assert (tmp_path / "d" / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dataset", "cifar10"], "cifar10"),
+    (["--dataset", "cifar10", "--data-root", "/no/such/dir"], "/no/such/dir"),
+    (["--dataset", "mnist"], "unknown dataset"),
+    (["--partition", "zipf"], "zipf"),
+    (["--algo", "fedsgd"], "fedsgd"),
+    (["--alpha", "0"], "alpha"),
+    (["--alpha", "-1"], "alpha"),
+    (["--clients", "5000"], "clients"),
+    (["--participation", "0"], "participation"),
+    (["--participation", "1.5"], "participation"),
+    (["--set", "mu=0.1"], "mu"),
+    (["--algo", "fedprox", "--set", "mu=abc"], "mu"),
+    (["--arch", "resnet99"], "resnet99"),
+    (["--init", "/no/such.ckpt"], "/no/such.ckpt"),
+    (["--resume"], "no training state"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+    code, _, err = _cli(["--out", tmp_path / "r", "--device", "cpu", "--quiet", *args], capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_checkpoint_of_another_arch_is_refused(tmp_path, capsys):
+    _ckpt(tmp_path / "r32.ckpt", arch="resnet32")
+    code, _, err = _cli(["--out", tmp_path / "r", *TINY, "--init", tmp_path / "r32.ckpt"], capsys)
+    assert code == 2 and "resnet32" in err and len(err.strip().splitlines()) == 1
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--dataset", "--data-root", "--partition", "--alpha", "--clients", "--participation",
+                 "--rounds", "--local-epochs", "--algo", "--init", "--seed", "--out", "--resume", "--device",
+                 "--centralized", "--bn", "--save-local-models", "--init-format"):
+        assert flag in text
