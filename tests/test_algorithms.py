@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from federated.aggregate import fednova, nova_norm, server_momentum, weighted_average
-from federated.algorithms import ALGORITHMS
+from federated.algorithms import ALGORITHMS, ClientContext
 from federated.algorithms.fedir import importance_weights
 from federated.config import FederateConfig
 from federated.datasets import ImageData
 from federated.local import local_train, make_optimizer
-from federated.rounds import RunOptions, _generators, run, setup
+from federated.rounds import RunOptions, _generators, run, setup, train_round
+from pretrain.rundir import RunDir
 
 N_CLASSES, SIDE = 4, 16
 
@@ -30,7 +31,8 @@ def synthetic(n_train=96, n_test=32, seed=0) -> ImageData:
         return x, y
 
     (tx, ty), (sx, sy) = make(n_train), make(n_test)
-    return ImageData(tx, ty, sx, sy, sx[:0], sy[:0], N_CLASSES, [str(c) for c in range(N_CLASSES)], None, SIDE)
+    names = [str(c) for c in range(N_CLASSES)]
+    return ImageData(tx, ty, sx, sy, sx[:0], sy[:0], N_CLASSES, names, None, SIDE)
 
 
 def _cfg(algo="fedavg", **kw):
@@ -66,7 +68,6 @@ def test_fedavg_with_one_client_equals_its_local_training(tmp_path):
     s = setup(cfg, torch.device("cpu"), synthetic())  # the same initial model, data and pool
     model = copy.deepcopy(s.model)
     ctx_algo = ALGORITHMS["fedavg"](cfg.algo_config(), [len(s.parts[0])], np.ones((1, N_CLASSES)))
-    from federated.algorithms import ClientContext
     ctx = ClientContext(0, copy.deepcopy(model), cfg.resolved_lr(), cfg.momentum, {})
     order, aug = _generators(cfg, 0, 0, torch.device("cpu"))
     local_train(model, make_optimizer(model, cfg.resolved_lr(), cfg.momentum, cfg.weight_decay), ctx_algo,
@@ -116,8 +117,6 @@ def test_fedir_weights_are_one_for_the_global_distribution():
 def test_scaffold_server_variate_is_the_mean_of_client_variates(tmp_path):
     cfg = _cfg("scaffold", rounds=1)
     s = setup(cfg, torch.device("cpu"), synthetic())
-    from federated.rounds import train_round
-    from pretrain.rundir import RunDir
     train_round(s, cfg, 0, torch.device("cpu"), RunDir(tmp_path), None)
     for name, c in s.algo.server["c"].items():
         mean = sum(client["c"][name] for client in s.algo.clients) / len(s.algo.clients)
