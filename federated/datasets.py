@@ -70,6 +70,7 @@ class ImageData:
     classes: list[str]
     clients: torch.Tensor | None  # int64 (N,) natural client of every training sample (inat-geo), else None
     input_size: int  # px the model sees
+    hflip: bool = True  # whether horizontal flips keep the label (not for digits: a mirrored 2 is no 2)
 
     def to(self, device: torch.device | str) -> ImageData:
         """A copy with every tensor on ``device``."""
@@ -85,6 +86,7 @@ class DatasetSpec:
     input_size: int  # px, default model input side (Table 9 / §4.2 settings)
     needs_root: bool  # needs --data-root
     description: str  # one line: what and where the files are
+    hflip: bool = True  # horizontal flips keep the label
 
 
 def input_size_for(default_input: int, stored: int) -> int:
@@ -119,7 +121,7 @@ def _digits(size: int) -> Loaded:
 
 
 def _spec(read: Callable[[DataConfig, int], Loaded], store_size: int, input_size: int, needs_root: bool,
-          description: str) -> DatasetSpec:
+          description: str, hflip: bool = True) -> DatasetSpec:
     """A DatasetSpec whose load reads at the configured (or default) stored side, with an empty val split."""
 
     def load(cfg: DataConfig) -> ImageData:
@@ -128,9 +130,9 @@ def _spec(read: Callable[[DataConfig, int], Loaded], store_size: int, input_size
         empty = data.train_x[:0]
         n_classes = len(data.classes)
         return ImageData(data.train_x, data.train_y, data.test_x, data.test_y, empty, data.train_y[:0],
-                         n_classes, data.classes, data.clients, input_size_for(input_size, stored))
+                         n_classes, data.classes, data.clients, input_size_for(input_size, stored), hflip)
 
-    return DatasetSpec(load, store_size, input_size, needs_root, description)
+    return DatasetSpec(load, store_size, input_size, needs_root, description, hflip)
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -145,7 +147,7 @@ DATASETS: dict[str, DatasetSpec] = {
     "imagefolder": _spec(lambda cfg, s: read_imagefolder(cfg.root, s), 64, 224, True,
                          "a labelled folder ROOT/train/<class>/ and ROOT/test/<class>/ (e.g. chest X-rays)"),
     "digits": _spec(lambda cfg, s: _digits(s), 32, 32, False,
-                    "scikit-learn's 8x8 digits at 32 px, embedded (1,437 train / 360 test)"),
+                    "scikit-learn's 8x8 digits at 32 px, embedded (1,437 train / 360 test)", hflip=False),
 }
 
 

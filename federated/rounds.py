@@ -84,7 +84,7 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
     labels = data.train_y.numpy()
     natural = data.clients.numpy() if data.clients is not None else None
     parts = partition(labels, partition_config(cfg), natural)
-    task = ClassificationTask(data.n_classes, cfg.input_size or data.input_size)
+    task = ClassificationTask(data.n_classes, cfg.input_size or data.input_size, data.hflip)
     torch.manual_seed(cfg.seed)
     backbone = create_backbone(cfg.arch, cfg.width)
     report = initialise(backbone, cfg.arch, cfg.width, cfg.init, cfg.init_format)

@@ -51,9 +51,9 @@ class Classifier(nn.Module):
 class ClassificationTask:
     """Cross-entropy and top-1 accuracy; pad-crop + flip at 32 px, random-resized-crop + flip above."""
 
-    def __init__(self, n_classes: int, input_size: int):
+    def __init__(self, n_classes: int, input_size: int, hflip: bool = True):
         self.n_classes = n_classes
-        self.augment = TrainAugment(input_size=input_size)
+        self.augment = TrainAugment(input_size=input_size, flip_p=0.5 if hflip else 0.0)
 
     def build_model(self, backbone: nn.Module) -> nn.Module:
         return Classifier(backbone, self.n_classes)
