@@ -40,7 +40,7 @@ def test_digits_run_writes_the_run_directory(tmp_path, capsys):
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert row["round"] == 1 and 0 <= row["test_acc"] <= 1 and len(row["local_accs"]) == 3
     config = json.loads((run / "config.json").read_text())["config"]["federate"]
-    assert config["lr"] == 0.01 and config["batch_size"] == 32  # the resolved preset is recorded
+    assert config["lr"] == 0.02 and config["batch_size"] == 8  # the resolved digits preset is recorded
     assert sorted(p.name for p in (run / "local" / "round_0001").iterdir()) == [
         "client_000.pt", "client_001.pt", "client_002.pt", "global.pt"]
 
