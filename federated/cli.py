@@ -41,21 +41,25 @@ def _rounds_list(text: str) -> tuple[int, ...]:
 def cmd_federate(args: argparse.Namespace) -> None:
     if args.dataset not in DATASETS:
         raise UsageError(f"unknown dataset {args.dataset!r}; choose from {', '.join(DATASETS)}")
-    input_size = args.input_size or DATASETS[args.dataset].input_size
-    check_backbone(args.arch, args.width, input_size)
+    spec = DATASETS[args.dataset]
+    input_size = args.input_size or args.crop_size or spec.input_size
+    arch = args.arch or spec.default_arch
+    check_backbone(arch, args.width, input_size)
+    partition = args.partition or spec.default_partition
     cfg = FederateConfig(
         dataset=args.dataset, data_root=args.data_root, download=args.download, split_csv=args.split_csv,
         store_size=args.store_size, input_size=args.input_size, val_fraction=args.val_fraction,
-        partition=args.partition, clients=args.clients, alpha=args.alpha,
+        partition=partition, clients=args.clients, alpha=args.alpha,
         labels_per_client=args.labels_per_client, beta=args.beta, noise=args.noise, min_size=args.min_size,
         algo=args.algo,
         algo_args=parse_settings(args.set), participation=args.participation, rounds=args.rounds,
-        local_epochs=args.local_epochs, lr=args.lr, batch_size=args.batch_size, momentum=args.momentum,
+        local_epochs=args.local_epochs, lr=args.lr, batch_size=args.batch_size, optimizer=args.optimizer,
+        momentum=args.momentum, crop_size=args.crop_size, eval_size=args.eval_size,
         weight_decay=args.weight_decay, lr_decay=args.lr_decay, lr_decay_every=args.lr_decay_every,
-        bn=args.bn, centralized=args.centralized, arch=args.arch, width=args.width, init=args.init,
+        bn=args.bn, centralized=args.centralized, arch=arch, width=args.width, init=args.init,
         init_format=args.init_format, seed=args.seed, eval_local=not args.no_eval_local,
         save_local_models=_rounds_list(args.save_local_models))
-    out = Path(args.out or f"runs/{args.dataset}-{args.partition}-{args.algo}-s{args.seed}")
+    out = Path(args.out or f"runs/{args.dataset}-{partition}-{args.algo}-s{args.seed}")
     try:
         rows = run(cfg, RunOptions(out=out, device=args.device, resume=args.resume, progress=not args.quiet))
     except DivergenceError as exc:
@@ -85,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--val-fraction", type=float, default=0.02,
                    help="held-out share of train (default 0.02)")
     q = p.add_argument_group("partition")
-    q.add_argument("--partition", default="dirichlet", help=f"{' | '.join(PARTITIONS)} (default: dirichlet)")
+    q.add_argument("--partition", help=f"{' | '.join(PARTITIONS)} (default: natural for datasets with "
+                   "given clients (inat-geo, cityscapes), else dirichlet)")
     q.add_argument("--clients", type=int, default=10, help="number of clients (default 10)")
     q.add_argument("--alpha", type=float, default=0.3, help="Dirichlet concentration (default 0.3)")
     q.add_argument("--labels-per-client", type=int, default=2, help="shards: labels per client k (default 2)")
@@ -102,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--batch-size", type=int, help="local batch (default: Table 9 preset, e.g. 32 for CIFAR)")
     f.add_argument("--lr", type=float, help="local SGD learning rate (default: Table 9 preset: "
                    + ", ".join(f"{k} {v[0]}" for k, v in PRESETS.items()) + ")")
+    f.add_argument("--optimizer", choices=("sgd", "adam"),
+                   help="local optimiser (default: Table 9 preset: adam for cityscapes, sgd otherwise)")
     f.add_argument("--momentum", type=float, default=0.9, help="local SGD momentum (default 0.9)")
     f.add_argument("--weight-decay", type=float, default=1e-4, help="local weight decay (default 1e-4)")
     f.add_argument("--lr-decay", type=float, default=0.1, help="lr factor every --lr-decay-every rounds")
@@ -110,8 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="global: average BatchNorm statistics like parameters; local: keep them per client")
     f.add_argument("--centralized", action="store_true",
                    help="train centrally on the union of the clients, rounds x local-epochs epochs")
+    g = p.add_argument_group("segmentation (cityscapes)")
+    g.add_argument("--crop-size", type=int, help="px of the square training crops (default 768, the paper's)")
+    g.add_argument("--eval-size", help="HxW test resolution (default: as stored; the paper's 1024x2048)")
     m = p.add_argument_group("model")
-    m.add_argument("--arch", default="resnet20", help=f"{', '.join(arch_names())} (default resnet20)")
+    m.add_argument("--arch", help=f"{', '.join(arch_names())} (default: resnet20 at 32 px, resnet18 at "
+                   "224 px, mobilenet_v2 for cityscapes, as in the paper)")
     m.add_argument("--width", type=float, default=1.0, help="CIFAR ResNet width multiplier (default 1)")
     m.add_argument("--init", default="random",
                    help="random | imagenet | PATH.ckpt from pretrain (default random)")

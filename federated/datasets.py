@@ -71,6 +71,7 @@ class ImageData:
     clients: torch.Tensor | None  # int64 (N,) natural client of every training sample (inat-geo), else None
     input_size: int  # px the model sees
     hflip: bool = True  # whether horizontal flips keep the label (not for digits: a mirrored 2 is no 2)
+    task: str = "classification"  # classification: y (N,) class ids; segmentation: y (N, H, W) train ids
 
     def to(self, device: torch.device | str) -> ImageData:
         """A copy with every tensor on ``device``."""
@@ -87,6 +88,8 @@ class DatasetSpec:
     needs_root: bool  # needs --data-root
     description: str  # one line: what and where the files are
     hflip: bool = True  # horizontal flips keep the label
+    default_partition: str = "dirichlet"  # natural for datasets whose clients are given (iNat-GEO, cities)
+    default_arch: str = "resnet20"  # §4.2: ResNet20 at 32 px, ResNet18 at 224 px; Table 5: MobileNetV2
 
 
 def input_size_for(default_input: int, stored: int) -> int:
@@ -121,7 +124,8 @@ def _digits(size: int) -> Loaded:
 
 
 def _spec(read: Callable[[DataConfig, int], Loaded], store_size: int, input_size: int, needs_root: bool,
-          description: str, hflip: bool = True) -> DatasetSpec:
+          description: str, hflip: bool = True, default_partition: str = "dirichlet",
+          default_arch: str | None = None) -> DatasetSpec:
     """A DatasetSpec whose load reads at the configured (or default) stored side, with an empty val split."""
 
     def load(cfg: DataConfig) -> ImageData:
@@ -132,7 +136,8 @@ def _spec(read: Callable[[DataConfig, int], Loaded], store_size: int, input_size
         return ImageData(data.train_x, data.train_y, data.test_x, data.test_y, empty, data.train_y[:0],
                          n_classes, data.classes, data.clients, input_size_for(input_size, stored), hflip)
 
-    return DatasetSpec(load, store_size, input_size, needs_root, description, hflip)
+    arch = default_arch or ("resnet20" if input_size <= 32 else "resnet18")
+    return DatasetSpec(load, store_size, input_size, needs_root, description, hflip, default_partition, arch)
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -143,7 +148,8 @@ DATASETS: dict[str, DatasetSpec] = {
     "tinyimagenet": _spec(lambda cfg, s: read_tinyimagenet(cfg.root, s), 64, 224, True,
                           "Tiny-ImageNet: ROOT/tiny-imagenet-200/ (or that folder itself); val = test"),
     "inat-geo": _spec(lambda cfg, s: read_inat_geo(cfg.root, cfg.split_csv, s), 64, 224, True,
-                      "iNaturalist-2017 images under ROOT with a GEO client split CSV (--split-csv)"),
+                      "iNaturalist-2017 images under ROOT with a GEO client split CSV (--split-csv)",
+                      default_partition="natural"),
     "imagefolder": _spec(lambda cfg, s: read_imagefolder(cfg.root, s), 64, 224, True,
                          "a labelled folder ROOT/train/<class>/ and ROOT/test/<class>/ (e.g. chest X-rays)"),
     "digits": _spec(lambda cfg, s: _digits(s), 32, 32, False,

@@ -20,7 +20,11 @@ class DivergenceError(RuntimeError):
     """The loss became NaN or inf; the message says where."""
 
 
-def make_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
+def make_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
+                   weight_decay: float) -> torch.optim.Optimizer:
+    """SGD with momentum (classification, Appendix B.1) or Adam (Cityscapes, Table 9)."""
+    if name == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 

@@ -30,7 +30,8 @@ from .init import initialise
 from .local import DivergenceError, local_train, make_optimizer
 from .partition import PartitionConfig, client_noise, partition
 from .partition_report import write_partition_report
-from .task import ClassificationTask, evaluate
+from .task import Task
+from .tasks import TASKS
 
 FINAL_FORMAT = "fpsfl-federated/1"
 
@@ -63,7 +64,7 @@ def lr_at(cfg: FederateConfig, rnd: int) -> float:
 class Setup:
     data: ImageData
     parts: list[torch.Tensor]
-    task: ClassificationTask
+    task: Task
     model: nn.Module
     algo: FedAvg
     init_report: str
@@ -81,16 +82,21 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
         data = load_dataset(DataConfig(name=cfg.dataset, root=cfg.data_root, download=cfg.download,
                                        store_size=cfg.store_size, split_csv=cfg.split_csv,
                                        val_fraction=cfg.val_fraction, seed=cfg.seed))
-    labels = data.train_y.numpy()
+    task = TASKS[data.task](data, cfg)
+    algo_cls = ALGORITHMS[cfg.algo]
+    missing = algo_cls.requires - task.provides
+    if missing:
+        raise ValueError(f"--algo {cfg.algo} needs {', '.join(sorted(missing))}, which the {data.task} task "
+                         f"does not provide; choose another algorithm")
+    labels = task.sample_labels(data.train_y).numpy()
     natural = data.clients.numpy() if data.clients is not None else None
     parts = partition(labels, partition_config(cfg), natural)
-    task = ClassificationTask(data.n_classes, cfg.input_size or data.input_size, data.hflip)
     torch.manual_seed(cfg.seed)
     backbone = create_backbone(cfg.arch, cfg.width)
     report = initialise(backbone, cfg.arch, cfg.width, cfg.init, cfg.init_format)
     model = task.build_model(backbone)
-    counts = np.stack([np.bincount(labels[p], minlength=data.n_classes) for p in parts])
-    algo = ALGORITHMS[cfg.algo](cfg.algo_config(), [len(p) for p in parts], counts)
+    counts = np.stack([task.class_counts(data.train_y[torch.as_tensor(p)]).numpy() for p in parts])
+    algo = algo_cls(cfg.algo_config(), [len(p) for p in parts], counts)
     algo.prepare_model(model)
     return Setup(data.to(device), [torch.as_tensor(p, dtype=torch.long) for p in parts], task,
                  model.to(device), algo, report)
@@ -115,10 +121,10 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
         own_bn = s.algo.clients[client].get("bn") if cfg.bn == "local" else None
         if own_bn is not None:
             local.load_state_dict(own_bn, strict=False)
-        ctx = ClientContext(client, frozen, lr, cfg.momentum, s.algo.clients[client])
+        ctx = ClientContext(client, frozen, lr, _momentum(cfg), s.algo.clients[client])
         pool = s.algo.round_pool(client, s.parts[client], rng)
         order_gen, aug_gen = _generators(cfg, rnd, client, device)
-        optimizer = make_optimizer(local, lr, cfg.momentum, cfg.weight_decay)
+        optimizer = make_optimizer(local, cfg.resolved_optimizer(), lr, cfg.momentum, cfg.weight_decay)
         losses.append(local_train(local, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y, pool,
                                   cfg.local_epochs, cfg.resolved_batch(), order_gen, aug_gen,
                                   client_noise_for(cfg, client)))
@@ -126,7 +132,7 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
         if cfg.bn == "local":
             ctx.state["bn"] = _bn_buffers(local)
         if cfg.eval_local:
-            local_accs.append(evaluate(local, s.task, s.data.test_x, s.data.test_y)["acc"])
+            local_accs.append(s.task.evaluate(local, s.data.test_x, s.data.test_y)["acc"])
         state = {k: v.detach().clone() for k, v in local.state_dict().items()}
         if rnd + 1 in cfg.save_local_models:
             _save_local(run.path, rnd + 1, client, state, global_state)
@@ -134,12 +140,23 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
         if bar is not None:
             bar.set_postfix_str(f"client {i + 1}/{len(selected)}")
     s.model.load_state_dict(s.algo.aggregate(global_state, results))
-    test = evaluate(s.model, s.task, s.data.test_x, s.data.test_y)
-    record = {"round": rnd + 1, "lr": lr, "test_acc": test["acc"], "test_loss": test["loss"],
-              "train_loss": float(np.mean(losses)), "clients": selected}
+    record = {"round": rnd + 1, "lr": lr, **_test_metrics(s), "train_loss": float(np.mean(losses)),
+              "clients": selected, "client_sizes": [r.n_samples for r in results]}
     if local_accs:
-        record.update(local_acc=float(np.mean(local_accs)), local_accs=local_accs)
+        # data-size-weighted, as the local gain of Eq. 3 (§6) weighs clients by |D_m| / |D|
+        weights = np.asarray(record["client_sizes"], dtype=np.float64)
+        record.update(local_acc=float(np.dot(weights / weights.sum(), local_accs)), local_accs=local_accs)
     return record
+
+
+def _test_metrics(s: Setup) -> dict:
+    """The global model's test metrics: test_acc (the task's main metric), test_loss, and any others."""
+    return {f"test_{k}": v for k, v in s.task.evaluate(s.model, s.data.test_x, s.data.test_y).items()}
+
+
+def _momentum(cfg: FederateConfig) -> float:
+    """The local SGD momentum (FedNova's step normaliser); Adam has none in that sense."""
+    return cfg.momentum if cfg.resolved_optimizer() == "sgd" else 0.0
 
 
 def client_noise_for(cfg: FederateConfig, client: int) -> float:
@@ -162,13 +179,11 @@ def centralized_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.dev
     for group in optimizer.param_groups:
         group["lr"] = lr
     pool = torch.cat(s.parts)
-    ctx = ClientContext(-1, s.model, lr, cfg.momentum, {})
+    ctx = ClientContext(-1, s.model, lr, _momentum(cfg), {})
     order_gen, aug_gen = _generators(cfg, rnd, 0, device)
     loss = local_train(s.model, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y, pool,
                        cfg.local_epochs, cfg.resolved_batch(), order_gen, aug_gen)
-    test = evaluate(s.model, s.task, s.data.test_x, s.data.test_y)
-    return {"round": rnd + 1, "lr": lr, "test_acc": test["acc"], "test_loss": test["loss"],
-            "train_loss": loss}
+    return {"round": rnd + 1, "lr": lr, **_test_metrics(s), "train_loss": loss}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -189,7 +204,8 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) ->
         rundir.ensure_new()  # before the (slow) data loading, and before anything is written
     s = setup(cfg, device, data)
     config = {"federate": cfg.to_dict(), "algo": plain(vars(cfg.algo_config()))}
-    optimizer = make_optimizer(s.model, cfg.resolved_lr(), cfg.momentum, cfg.weight_decay)
+    optimizer = make_optimizer(s.model, cfg.resolved_optimizer(), cfg.resolved_lr(), cfg.momentum,
+                               cfg.weight_decay)
     if opts.resume:
         state = rundir.load_state(config, compare=("federate", "algo"))
         s.model.load_state_dict(state["model"])

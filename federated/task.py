@@ -18,6 +18,7 @@ from .augment import TrainAugment, add_noise, augment_batch, eval_batch
 
 class Task(Protocol):
     n_classes: int
+    provides: frozenset[str]  # capabilities algorithms may require: "features", "sample_labels"
 
     def build_model(self, backbone: nn.Module) -> nn.Module: ...
 
@@ -28,9 +29,11 @@ class Task(Protocol):
 
     def loss(self, output: Tensor, target: Tensor) -> Tensor: ...  # per sample, (B,)
 
-    def correct(self, output: Tensor, target: Tensor) -> Tensor: ...  # per sample score in [0, 1], (B,)
+    def sample_labels(self, y: Tensor) -> Tensor: ...  # one class per sample (N,), for label-skew partitions
 
-    def labels(self, y: Tensor) -> Tensor: ...  # one class label per sample, for class-ratio methods
+    def class_counts(self, y: Tensor) -> Tensor: ...  # (C,) counts over the samples, for reports and FedIR
+
+    def evaluate(self, model: nn.Module, x: Tensor, y: Tensor) -> dict: ...  # "acc" (main metric), "loss"
 
 
 class Classifier(nn.Module):
@@ -50,6 +53,8 @@ class Classifier(nn.Module):
 
 class ClassificationTask:
     """Cross-entropy and top-1 accuracy; pad-crop + flip at 32 px, random-resized-crop + flip above."""
+
+    provides = frozenset({"features", "sample_labels"})
 
     def __init__(self, n_classes: int, input_size: int, hflip: bool = True):
         self.n_classes = n_classes
@@ -71,24 +76,23 @@ class ClassificationTask:
     def loss(self, output: Tensor, target: Tensor) -> Tensor:
         return F.cross_entropy(output.float(), target, reduction="none")
 
-    def correct(self, output: Tensor, target: Tensor) -> Tensor:
-        return (output.argmax(1) == target).float()
-
-    def labels(self, y: Tensor) -> Tensor:
+    def sample_labels(self, y: Tensor) -> Tensor:
         return y
 
+    def class_counts(self, y: Tensor) -> Tensor:
+        return torch.bincount(y, minlength=self.n_classes)
 
-@torch.no_grad()
-def evaluate(model: nn.Module, task: Task, x: Tensor, y: Tensor, batch_size: int = 512) -> dict[str, float]:
-    """Mean loss and accuracy of ``model`` on (x, y), in eval mode (BatchNorm running statistics)."""
-    was_training = model.training
-    model.eval()
-    loss = correct = 0.0
-    for start in range(0, len(x), batch_size):
-        inputs, target = task.eval_inputs(x[start:start + batch_size], y[start:start + batch_size])
-        out = model(inputs)
-        loss += task.loss(out, target).sum().item()
-        correct += task.correct(out, target).sum().item()
-    model.train(was_training)
-    n = max(len(x), 1)
-    return {"loss": loss / n, "acc": correct / n}
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 512) -> dict[str, float]:
+        """Mean loss and top-1 accuracy of ``model`` on (x, y), in eval mode (BatchNorm running stats)."""
+        was_training = model.training
+        model.eval()
+        loss = correct = 0.0
+        for start in range(0, len(x), batch_size):
+            inputs, target = self.eval_inputs(x[start:start + batch_size], y[start:start + batch_size])
+            out = model(inputs)
+            loss += self.loss(out, target).sum().item()
+            correct += (out.argmax(1) == target).sum().item()
+        model.train(was_training)
+        n = max(len(x), 1)
+        return {"loss": loss / n, "acc": correct / n}

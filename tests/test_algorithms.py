@@ -70,8 +70,9 @@ def test_fedavg_with_one_client_equals_its_local_training(tmp_path):
     ctx_algo = ALGORITHMS["fedavg"](cfg.algo_config(), [len(s.parts[0])], np.ones((1, N_CLASSES)))
     ctx = ClientContext(0, copy.deepcopy(model), cfg.resolved_lr(), cfg.momentum, {})
     order, aug = _generators(cfg, 0, 0, torch.device("cpu"))
-    local_train(model, make_optimizer(model, cfg.resolved_lr(), cfg.momentum, cfg.weight_decay), ctx_algo,
-                ctx, s.task, s.data.train_x, s.data.train_y, s.parts[0], 1, 16, order, aug)
+    optimizer = make_optimizer(model, "sgd", cfg.resolved_lr(), cfg.momentum, cfg.weight_decay)
+    local_train(model, optimizer, ctx_algo, ctx, s.task, s.data.train_x, s.data.train_y, s.parts[0], 1, 16,
+                order, aug)
     final = _final(tmp_path)
     assert all(torch.equal(final[k], v) for k, v in model.state_dict().items())
 

@@ -48,6 +48,7 @@ class ClientResult:
 class FedAvg:
     name: ClassVar[str] = "fedavg"
     Config: ClassVar[type[AlgoConfig]] = AlgoConfig
+    requires: ClassVar[frozenset[str]] = frozenset()  # task capabilities it needs (see federated.task.Task)
 
     def __init__(self, cfg: AlgoConfig, client_sizes: list[int], class_counts: np.ndarray):
         self.cfg = cfg

@@ -23,11 +23,12 @@ def importance_weights(global_counts: np.ndarray, client_counts: np.ndarray) -> 
 
 class FedIR(FedAvg):
     name = "fedir"
+    requires = frozenset({"sample_labels"})  # one class per training sample
 
     def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
                    targets: Tensor) -> Tensor:
         if "ir_weights" not in ctx.state:
             w = importance_weights(self.class_counts.sum(0), self.class_counts[ctx.client])
             ctx.state["ir_weights"] = torch.as_tensor(w, dtype=torch.float32)
-        weights = ctx.state["ir_weights"].to(inputs.device)[task.labels(targets)]
+        weights = ctx.state["ir_weights"].to(inputs.device)[task.sample_labels(targets)]
         return (weights * task.loss(model(inputs), targets)).mean()

@@ -36,6 +36,7 @@ def moon_contrastive(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> T
 class Moon(FedAvg):
     name = "moon"
     Config = MoonConfig
+    requires = frozenset({"features"})  # model.features(x) and model.head
 
     def prepare_model(self, model: nn.Module) -> None:
         dim = model.backbone.feature_dim
