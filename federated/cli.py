@@ -60,11 +60,7 @@ def cmd_federate(args: argparse.Namespace) -> None:
         init_format=args.init_format, seed=args.seed, eval_local=not args.no_eval_local,
         save_local_models=_rounds_list(args.save_local_models))
     out = Path(args.out or f"runs/{args.dataset}-{partition}-{args.algo}-s{args.seed}")
-    try:
-        rows = run(cfg, RunOptions(out=out, device=args.device, resume=args.resume, progress=not args.quiet))
-    except DivergenceError as exc:
-        print(f"federate: error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+    rows = run(cfg, RunOptions(out=out, device=args.device, resume=args.resume, progress=not args.quiet))
     if rows:
         last, best = rows[-1], max(r["test_acc"] for r in rows)
         local = f", mean local acc {last['local_acc']:.4f}" if "local_acc" in last else ""
@@ -145,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     errors = (DataError, PartitionError, InitError, CheckpointError, BackboneError, RunDirError, ValueError)
-    return run_main("federate", build_parser(), argv, errors)
+    return run_main("federate", build_parser(), argv, errors, (DivergenceError,))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from torch import Tensor, nn
 from .algorithms import ClientContext, FedAvg
 from .task import Task
 
+_CHECK_EVERY = 8  # steps between finiteness checks (each synchronises a GPU; NaN arithmetic is slow on CPU)
+
 
 class DivergenceError(RuntimeError):
     """The loss became NaN or inf; the message says where."""
@@ -53,7 +55,13 @@ def local_train(model: nn.Module, optimizer: torch.optim.Optimizer, algo: FedAvg
             ctx.steps += 1
             total += loss.detach().float()
             count += 1
-    mean = total.item() / max(count, 1)
-    if not math.isfinite(mean):
-        raise DivergenceError(f"client {ctx.client}: the local loss became {mean}")
-    return mean
+            if count % _CHECK_EVERY == 0:
+                _check_finite(total, ctx.client)
+    _check_finite(total, ctx.client)
+    return total.item() / max(count, 1)
+
+
+def _check_finite(total: Tensor, client: int) -> None:
+    value = total.item()
+    if not math.isfinite(value):
+        raise DivergenceError(f"client {client}: the local loss became {value}")

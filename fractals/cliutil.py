@@ -37,14 +37,19 @@ def parse_settings(pairs: list[str]) -> dict[str, str]:
 
 
 def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
-             user_errors: tuple[type[BaseException], ...]) -> int:
-    """Parse ``argv`` and call ``args.run(args)``; errors of the ``user_errors`` types become one line."""
+             user_errors: tuple[type[BaseException], ...],
+             run_errors: tuple[type[BaseException], ...] = ()) -> int:
+    """Parse ``argv`` and call ``args.run(args)``. Errors of the ``user_errors`` types (bad input) become one
+    line and exit code 2; ``run_errors`` (a run that cannot go on, e.g. a diverged loss) one line and 1."""
     try:
         args = parser.parse_args(argv)
         args.run(args)
     except (UsageError, *user_errors) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except run_errors as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -79,11 +79,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     opts = RunOptions(out=out, run_dir=Path(args.run_dir) if args.run_dir else default_run_dir(out),
                       device=args.device, workers=args.workers, resume=args.resume, profile=args.profile,
                       progress=not args.quiet)
-    try:
-        last = train(cfg, opts)
-    except TrainingError as exc:
-        print(f"pretrain: error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+    last = train(cfg, opts)
     if args.profile:
         keys = ("epoch", "steps", "pairs_per_s", "data_wait", "augment_frac", "compute_frac", "seconds")
         setting = {k: getattr(cfg, k) for k in ("arch", "size", "batch_size", "method", "amp")}
@@ -149,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     errors = (BackboneError, CheckpointError, RunDirError, FolderError, BankError, ValueError)
-    return run_main("pretrain", build_parser(), argv, errors)
+    return run_main("pretrain", build_parser(), argv, errors, (TrainingError,))
 
 
 if __name__ == "__main__":

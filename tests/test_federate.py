@@ -13,7 +13,7 @@ from pretrain.backbones import create_backbone
 from pretrain.checkpoint import make_checkpoint, save_checkpoint
 
 TINY = ["--width", "0.25", "--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
-        "--quiet", "--alpha", "1.0"]
+        "--quiet", "--alpha", "1.0", "--batch-size", "32"]
 
 
 def _cli(args, capsys):
@@ -40,7 +40,7 @@ def test_digits_run_writes_the_run_directory(tmp_path, capsys):
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert row["round"] == 1 and 0 <= row["test_acc"] <= 1 and len(row["local_accs"]) == 3
     config = json.loads((run / "config.json").read_text())["config"]["federate"]
-    assert config["lr"] == 0.02 and config["batch_size"] == 8  # the resolved digits preset is recorded
+    assert config["lr"] == 0.02 and config["batch_size"] == 32 and config["optimizer"] == "sgd"  # resolved
     assert sorted(p.name for p in (run / "local" / "round_0001").iterdir()) == [
         "client_000.pt", "client_001.pt", "client_002.pt", "global.pt"]
 
@@ -115,3 +115,10 @@ def test_help_explains_every_flag(capsys):
                  "--rounds", "--local-epochs", "--algo", "--init", "--seed", "--out", "--resume", "--device",
                  "--centralized", "--bn", "--save-local-models", "--init-format"):
         assert flag in text
+
+
+def test_divergence_stops_with_one_line_and_keeps_the_finished_rounds(tmp_path, capsys):
+    code, _, err = _cli(["--out", tmp_path / "d", *TINY, "--lr", "1e12"], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "loss became" in err
+    assert "Traceback" not in err and (tmp_path / "d" / "config.json").is_file()
+    assert not (tmp_path / "d" / "final.pt").exists()
