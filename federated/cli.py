@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--labels-per-client", type=int, default=2, help="shards: labels per client k (default 2)")
     q.add_argument("--beta", type=float, default=0.5, help="quantity: sizes ~ Dir(beta) (default 0.5)")
     q.add_argument("--noise", type=float, default=0.1, help="noise: client i gets sigma*i/N (default 0.1)")
-    q.add_argument("--min-size", type=int, default=10, help="samples every client must have (default 10)")
+    q.add_argument("--min-size", type=int,
+                   help="samples every client must have (default 10; 1 for natural clients)")
     f = p.add_argument_group("federated training")
     f.add_argument("--algo", default="fedavg", help=f"{' | '.join(ALGORITHMS)} (default: fedavg)")
     f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

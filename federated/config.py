@@ -51,7 +51,7 @@ class FederateConfig:
     labels_per_client: int = 2  # shards: #C = k (NIID-Bench)
     beta: float = 0.5  # quantity skew Dir(beta) (NIID-Bench)
     noise: float = 0.1  # noise partition: client i gets sigma * i / N, [0, 1] pixel units (NIID-Bench)
-    min_size: int = 10  # samples per client at least (NIID-Bench)
+    min_size: int | None = None  # samples per client at least; None: 10 (NIID-Bench), 1 for natural clients
     # federated training
     algo: str = "fedavg"
     algo_args: dict[str, Any] = field(default_factory=dict)  # --set overrides of the algorithm's config

@@ -174,6 +174,15 @@ _HINTS = {"dirichlet": "use a larger alpha, fewer clients or a smaller min_size"
           "shards": "use a larger labels_per_client, fewer clients or a smaller min_size"}
 
 
+DRAWN_MIN_SIZE = 10  # NIID-Bench's minimum client size for drawn partitions
+
+
+def default_min_size(name: str) -> int:
+    """The minimum client size to ask for by default: NIID-Bench's 10 for drawn partitions; 1 for given
+    (natural) clients, which are data, not a draw (e.g. a city with few images is still a city)."""
+    return 1 if name in _BY_ID else DRAWN_MIN_SIZE
+
+
 # --------------------------------------------------------------------------- driver
 
 def partition(labels: np.ndarray, cfg: PartitionConfig,

@@ -28,7 +28,7 @@ from .config import FederateConfig
 from .datasets import DataConfig, ImageData, load_dataset
 from .init import initialise
 from .local import DivergenceError, local_train, make_optimizer
-from .partition import PartitionConfig, client_noise, partition
+from .partition import PartitionConfig, client_noise, default_min_size, partition
 from .partition_report import write_partition_report
 from .task import Task
 from .tasks import TASKS
@@ -73,7 +73,8 @@ class Setup:
 def partition_config(cfg: FederateConfig) -> PartitionConfig:
     return PartitionConfig(name=cfg.partition, clients=cfg.clients, alpha=cfg.alpha,
                            labels_per_client=cfg.labels_per_client, beta=cfg.beta, noise=cfg.noise,
-                           min_size=cfg.min_size, seed=cfg.seed)
+                           min_size=default_min_size(cfg.partition) if cfg.min_size is None else cfg.min_size,
+                           seed=cfg.seed)
 
 
 def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = None) -> Setup:
@@ -250,5 +251,5 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) ->
 
 def _write_partition(run_dir: Path, cfg: FederateConfig, s: Setup) -> None:
     parts = [p.numpy() for p in s.parts]
-    write_partition_report(run_dir, parts, s.data.train_y.cpu().numpy(), s.data.n_classes,
-                           partition_config(cfg))
+    labels = s.task.sample_labels(s.data.train_y.cpu()).numpy()  # one class per sample (segmentation too)
+    write_partition_report(run_dir, parts, labels, s.data.n_classes, partition_config(cfg))

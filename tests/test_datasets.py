@@ -181,8 +181,16 @@ def _build_imagefolder(tmp_path):
     return DataConfig("imagefolder", root=str(tmp_path), store_size=8)
 
 
+def _build_cityscapes(tmp_path):
+    from tests.test_cityscapes import write_cityscapes
+
+    write_cityscapes(tmp_path)
+    return DataConfig("cityscapes", root=str(tmp_path), store_size=32)
+
+
 BUILDERS = {"cifar10": _build_cifar10, "cifar100": _build_cifar100, "tinyimagenet": _build_tiny,
-            "inat-geo": _build_inat, "imagefolder": _build_imagefolder, "digits": lambda _: DataConfig()}
+            "inat-geo": _build_inat, "imagefolder": _build_imagefolder, "digits": lambda _: DataConfig(),
+            "cityscapes": _build_cityscapes}
 
 
 def test_every_dataset_is_built():
@@ -195,13 +203,16 @@ def test_every_dataset_loads_with_consistent_shapes(name, tmp_path, skip_md5):
     spec, data = DATASETS[name], load_dataset(cfg)
     assert isinstance(data, ImageData) and spec.description and "\n" not in spec.description
     s = cfg.store_size or spec.store_size
-    assert data.input_size == input_size_for(spec.input_size, s)
+    seg = spec.task == "segmentation"  # (N, H, W) uint8 train-id maps, 255 ignored; H = s, W = 2 s
+    assert data.task == spec.task
+    assert data.input_size == (spec.input_size if seg else input_size_for(spec.input_size, s))
     for x, y in ((data.train_x, data.train_y), (data.val_x, data.val_y), (data.test_x, data.test_y)):
-        assert x.dtype == torch.uint8 and x.shape[1:] == (s, s, 3) and len(x) > 0
-        assert y.dtype == torch.int64 and y.shape == (len(x),)
-        assert 0 <= int(y.min()) and int(y.max()) < data.n_classes == len(data.classes)
+        assert x.dtype == torch.uint8 and x.shape[1:] == ((s, 2 * s, 3) if seg else (s, s, 3)) and len(x) > 0
+        assert y.dtype == (torch.uint8 if seg else torch.int64) and y.shape == x.shape[:(3 if seg else 1)]
+        labelled = y[y != 255] if seg else y
+        assert 0 <= int(labelled.min()) and int(labelled.max()) < data.n_classes == len(data.classes)
     if data.clients is not None:
-        assert data.clients.dtype == torch.int64 and data.clients.shape == data.train_y.shape
+        assert data.clients.dtype == torch.int64 and data.clients.shape == (len(data.train_y),)
 
 
 def test_input_size_rule():
