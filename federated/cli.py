@@ -28,6 +28,7 @@ from .init import InitError
 from .local import DivergenceError
 from .partition import PARTITIONS, PartitionError
 from .rounds import RunOptions, run
+from .tracking import AGGREGATIONS, TRACKS, TrackConfig
 
 
 def _rounds_list(text: str) -> tuple[int, ...]:
@@ -36,6 +37,14 @@ def _rounds_list(text: str) -> tuple[int, ...]:
     except ValueError:
         raise UsageError(f"--save-local-models expects rounds like 10,50, got {text!r}") from None
     return rounds
+
+
+def _tracking(args: argparse.Namespace) -> TrackConfig:
+    return TrackConfig(track=tuple(t.strip() for t in args.track.split(",") if t.strip()),
+                       every=args.track_every, aggregation=args.aggregation, data=args.convex_data,
+                       variance_samples=args.variance_samples, bn_recompute=args.bn_recompute,
+                       convex_lr=args.convex_lr, convex_epochs=args.convex_epochs,
+                       convex_batch=args.convex_batch, convex_starts=args.convex_starts)
 
 
 def cmd_federate(args: argparse.Namespace) -> None:
@@ -58,7 +67,7 @@ def cmd_federate(args: argparse.Namespace) -> None:
         weight_decay=args.weight_decay, lr_decay=args.lr_decay, lr_decay_every=args.lr_decay_every,
         bn=args.bn, centralized=args.centralized, arch=arch, width=args.width, init=args.init,
         init_format=args.init_format, seed=args.seed, eval_local=not args.no_eval_local,
-        save_local_models=_rounds_list(args.save_local_models))
+        save_local_models=_rounds_list(args.save_local_models), tracking=_tracking(args))
     out = Path(args.out or f"runs/{args.dataset}-{partition}-{args.algo}-s{args.seed}")
     rows = run(cfg, RunOptions(out=out, device=args.device, resume=args.resume, progress=not args.quiet))
     if rows:
@@ -125,6 +134,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random | imagenet | PATH.ckpt from pretrain (default random)")
     m.add_argument("--init-format", choices=("fpsfl", "torchvision"), default="fpsfl",
                    help="torchvision: --init is a plain state dict (e.g. Places365 weights)")
+    t = p.add_argument_group(
+        "analysis tracking (§6.2)",
+        "Oracle analyses: the convex search and the loss variance use the global TEST set, as the paper "
+        "does (no real federation could); --convex-data val searches on the validation split instead. "
+        "Combined models average BatchNorm statistics with the same weights, as FedAvg does.")
+    t.add_argument("--track", default="", metavar="A,B",
+                   help=f"log these analyses every --track-every rounds: {', '.join(TRACKS)} (default none)")
+    t.add_argument("--track-every", type=int, default=10, metavar="K", help="rounds between tracked rounds "
+                   "(default 10)")
+    t.add_argument("--aggregation", choices=AGGREGATIONS, default="algo",
+                   help="algo: the algorithm's own aggregation (default); optimal-convex: aggregate every "
+                   "round with the searched lambda* (oracle, Fig. 7's dashed curves)")
+    t.add_argument("--convex-data", choices=("test", "val"), default="test",
+                   help="data of the convex search: test (the paper's oracle, default) or val")
+    t.add_argument("--variance-samples", type=int, default=300,
+                   help="lambda ~ Dirichlet(1) draws per tracked round (default 300, the paper's)")
+    t.add_argument("--convex-lr", type=float, default=TrackConfig.convex_lr,
+                   help="SGD lr of the search on w, lambda = softmax(w) (default 1e-5, the paper's)")
+    t.add_argument("--convex-epochs", type=int, default=TrackConfig.convex_epochs,
+                   help="search epochs over its data (default 20, the paper's)")
+    t.add_argument("--convex-batch", type=int, default=TrackConfig.convex_batch,
+                   help="search batch size (default 32, the paper's)")
+    t.add_argument("--convex-starts", type=int, default=TrackConfig.convex_starts,
+                   help="Dirichlet(1) starts besides uniform and FedAvg's weights (default 2)")
+    t.add_argument("--bn-recompute", action="store_true",
+                   help="re-estimate combined models' BatchNorm statistics on 2,000 training images "
+                   "instead of averaging them (slower)")
     r = p.add_argument_group("run")
     r.add_argument("--seed", type=int, default=0,
                    help="seed of partition, init, sampling and data order (default 0)")

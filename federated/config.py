@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from pretrain.config import coerce
 
 from .algorithms import ALGORITHMS, AlgoConfig
+from .tracking import TrackConfig
 
 
 class Preset(NamedTuple):
@@ -77,6 +78,7 @@ class FederateConfig:
     seed: int = 0
     eval_local: bool = True  # also test each local model before aggregation (the ΔL/ΔG analysis needs it)
     save_local_models: tuple[int, ...] = ()  # rounds whose client models are kept for analysis
+    tracking: TrackConfig = field(default_factory=TrackConfig)  # per-round analyses (§6.2)
 
     def __post_init__(self) -> None:
         checks = {
@@ -123,6 +125,16 @@ class FederateConfig:
 
     def resolved_optimizer(self) -> str:
         return self.optimizer or self.preset().optimizer
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> FederateConfig:
+        """The config a run directory's ``config.json`` holds (its ``to_dict``), rebuilt."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in values.items() if k in known}
+        tracking = dict(values.pop("tracking", {}))
+        tracking["track"] = tuple(tracking.get("track", ()))
+        values["save_local_models"] = tuple(values.get("save_local_models", ()))
+        return cls(**values, tracking=TrackConfig(**tracking))
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "lr": self.resolved_lr(), "batch_size": self.resolved_batch(),

@@ -32,6 +32,7 @@ from .partition import PartitionConfig, client_noise, default_min_size, partitio
 from .partition_report import write_partition_report
 from .task import Task
 from .tasks import TASKS
+from .tracking import Tracker
 
 FINAL_FORMAT = "fpsfl-federated/1"
 
@@ -108,12 +109,14 @@ def _bn_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, run: RunDir,
-                bar: tqdm | None) -> dict:
-    """One round: local training of the selected clients, aggregation, evaluation; returns its metrics."""
+                bar: tqdm | None, tracker: Tracker | None = None) -> dict:
+    """One round: local training of the selected clients, aggregation, evaluation; returns its metrics.
+    ``tracker`` adds the analyses of :mod:`federated.tracking` (and may replace the aggregate)."""
     lr = lr_at(cfg, rnd)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, rnd, 0]))
     selected = s.algo.select(rng, cfg.participation)
     global_state = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
+    initial = _test_metrics(s) if rnd == 0 else {}
     frozen = copy.deepcopy(s.model).eval().requires_grad_(False)
     local = copy.deepcopy(s.model)
     results, local_accs, losses = [], [], []
@@ -140,9 +143,18 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
         results.append(ClientResult(client, state, len(pool), ctx.steps, extra))
         if bar is not None:
             bar.set_postfix_str(f"client {i + 1}/{len(selected)}")
-    s.model.load_state_dict(s.algo.aggregate(global_state, results))
+    aggregate = s.algo.aggregate(global_state, results)
+    tracked: dict = {}
+    if tracker is not None and tracker.due(rnd + 1):
+        if bar is not None:
+            bar.set_postfix_str("tracking")
+        tracked, override = tracker(rnd + 1, [r.state for r in results], [r.n_samples for r in results])
+        aggregate = aggregate if override is None else override
+    s.model.load_state_dict(aggregate)
     record = {"round": rnd + 1, "lr": lr, **_test_metrics(s), "train_loss": float(np.mean(losses)),
-              "clients": selected, "client_sizes": [r.n_samples for r in results]}
+              "clients": selected, "client_sizes": [r.n_samples for r in results], **tracked}
+    if rnd == 0:  # the initial model's accuracy: the Acc(theta_{t-1}) of round 1 in Eq. 3 (§6.1)
+        record.update({f"init_{k}": v for k, v in initial.items()})
     if local_accs:
         # data-size-weighted, as the local gain of Eq. 3 (§6) weighs clients by |D_m| / |D|
         weights = np.asarray(record["client_sizes"], dtype=np.float64)
@@ -220,6 +232,8 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) ->
     _write_partition(rundir.path, cfg, s)
     if opts.progress:
         tqdm.write(f"init: {s.init_report}")
+    tracker = (Tracker(cfg.tracking, s.model, s.task, s.data, cfg.seed)
+               if cfg.tracking.active and not cfg.centralized else None)
     bar = tqdm(total=cfg.rounds, initial=start, desc="centralised" if cfg.centralized else "rounds",
                unit="round", disable=not opts.progress, dynamic_ncols=True)
     for rnd in range(start, cfg.rounds):
@@ -228,7 +242,7 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) ->
         t0 = time.perf_counter()
         try:
             record = (centralized_round(s, cfg, rnd, device, optimizer) if cfg.centralized
-                      else train_round(s, cfg, rnd, device, rundir, bar))
+                      else train_round(s, cfg, rnd, device, rundir, bar, tracker))
         except DivergenceError as exc:
             bar.close()
             raise DivergenceError(f"round {rnd + 1}: {exc}; the last good round ({rnd}) is kept in "

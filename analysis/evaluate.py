@@ -1,0 +1,61 @@
+"""Evaluating combined models under one BatchNorm convention (Chen et al., ICLR 2023, §6; Appendix C).
+
+The convention of every analysis (convex search, loss variance, landscapes) is that of FedAvg: a combined
+model's BatchNorm running statistics are the same convex combination of the clients' statistics as its
+weights. ``bn_recompute`` instead re-estimates them on training data (a forward pass in train mode with a
+cumulative average), which removes the statistics mismatch that averaging can cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .combine import State
+
+_BN = nn.modules.batchnorm._BatchNorm
+
+
+@torch.no_grad()
+def recompute_bn(model: nn.Module, batches: Callable[[], list[Tensor]]) -> None:
+    """Reset every BatchNorm's running statistics and re-estimate them as a plain average over ``batches``
+    (model inputs, already preprocessed), leaving the model in eval mode."""
+    layers = [m for m in model.modules() if isinstance(m, _BN)]
+    if not layers:
+        return
+    saved = [m.momentum for m in layers]
+    for m in layers:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative moving average: every batch counts equally
+    model.train()
+    for inputs in batches():
+        model(inputs)
+    for m, momentum in zip(layers, saved, strict=True):
+        m.momentum = momentum
+    model.eval()
+
+
+class Evaluator:
+    """Loads a state into ``model`` and returns the task's metrics on (x, y), e.g. {"acc", "loss"}.
+
+    ``task`` is a :class:`federated.task.Task`; ``recompute`` (raw training images and labels) switches on
+    the BatchNorm re-estimation described above.
+    """
+
+    def __init__(self, model: nn.Module, task, x: Tensor, y: Tensor,
+                 recompute: tuple[Tensor, Tensor] | None = None, batch_size: int = 500):
+        self.model, self.task, self.x, self.y = model, task, x, y
+        self.recompute, self.batch_size = recompute, batch_size
+
+    def _recompute_batches(self) -> list[Tensor]:
+        x, y = self.recompute
+        return [self.task.eval_inputs(x[i:i + self.batch_size], y[i:i + self.batch_size])[0]
+                for i in range(0, len(x), self.batch_size)]
+
+    def __call__(self, state: State) -> dict[str, float]:
+        self.model.load_state_dict(state)
+        if self.recompute is not None:
+            recompute_bn(self.model, self._recompute_batches)
+        return self.task.evaluate(self.model, self.x, self.y)

@@ -1,0 +1,223 @@
+"""Federated / Centralised / ΔCL-FL tables like Tables 2-5 of Chen et al., ICLR 2023 (§4.2-4.4).
+
+The metric is the final round's ``test_acc`` in percent (mIoU for segmentation runs, §4.5). Runs are grouped
+by setting (dataset, architecture, partition, clients, participation, local epochs, rounds, algorithm) and
+init; runs that differ only in their seed are pooled as "mean ± std (n=K)" with the sample std (ddof 1).
+A centralised run (``--centralized``) is the CL column of every federated setting that matches it in all but
+algorithm and participation. ΔCL-FL is CL − FL of the means. Missing cells are "–".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .output import output_dir, write_json
+from .runs import AnalysisError, Run, load_runs
+
+MISSING = "–"
+# the partition setting that tells partitions of one name apart (only dirichlet's alpha in the paper)
+PARTITION_PARAMS = {"dirichlet": "alpha", "shards": "labels_per_client", "quantity": "beta", "noise": "noise"}
+# fields that never change what a run measures, so runs differing in them pool as seeds
+IGNORED = frozenset({"seed", "data_root", "download", "save_local_models", "tracking", "eval_local"})
+CL_IGNORED = IGNORED | {"algo", "algo_args", "participation"}  # a centralised run has no federation
+
+
+class Entry(NamedTuple):
+    config: Any  # a FederateConfig, or any object with its attributes
+    acc: float  # final test_acc, a fraction
+    name: str = ""  # the run's name, for the JSON
+
+
+@dataclass
+class Cell:
+    """The runs pooled in one table cell; values in percent."""
+
+    entries: list[Entry]
+
+    @property
+    def values(self) -> list[float]:
+        return [100.0 * e.acc for e in self.entries]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values))
+
+    @property
+    def std(self) -> float | None:
+        return float(np.std(self.values, ddof=1)) if len(self.values) > 1 else None
+
+    def text(self) -> str:
+        n = len(self.values)
+        return f"{self.mean:.1f}" if n == 1 else f"{self.mean:.1f} ± {self.std:.1f} (n={n})"
+
+    def record(self) -> dict:
+        return {"mean": self.mean, "std": self.std, "n": len(self.values), "values": self.values,
+                "seeds": [e.config.seed for e in self.entries], "runs": [e.name for e in self.entries]}
+
+
+@dataclass
+class Row:
+    init: str
+    label: str
+    federated: Cell | None
+    centralised: Cell | None
+
+    @property
+    def delta(self) -> float | None:
+        """ΔCL-FL = CL − FL of the means (percent points)."""
+        if self.federated is None or self.centralised is None:
+            return None
+        return self.centralised.mean - self.federated.mean
+
+
+@dataclass
+class Table:
+    setting: dict[str, Any]  # algo and participation are None for centralised runs without a federated match
+    rows: list[Row]
+    notes: list[str]
+
+
+def init_label(init: str) -> str:
+    """random, imagenet, or a checkpoint's file stem (``/x/fps.ckpt`` -> ``fps``)."""
+    return init if init in ("random", "imagenet") else Path(init).stem
+
+
+def setting_of(cfg: Any, centralised: bool = False) -> tuple[tuple[str, Any], ...]:
+    """The setting a run belongs to, as (name, value) pairs; a centralised run has no algo/participation."""
+    param = PARTITION_PARAMS.get(cfg.partition)
+    pairs = [("dataset", cfg.dataset), ("arch", cfg.arch), ("width", cfg.width), ("partition", cfg.partition)]
+    pairs += [(param, getattr(cfg, param))] if param else []
+    pairs += [("clients", cfg.clients), ("participation", None if centralised else cfg.participation),
+              ("local_epochs", cfg.local_epochs), ("rounds", cfg.rounds),
+              ("algo", None if centralised else cfg.algo)]
+    return tuple(pairs)
+
+
+def _cl_key(setting: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, None if k in ("algo", "participation") else v) for k, v in setting)
+
+
+def _notes(cell: Cell, ignored: frozenset[str], where: str) -> list[str]:
+    """Warnings about a cell that pools more than seeds: differing settings or repeated seeds."""
+    fields = [vars(e.config) for e in cell.entries]
+    first = fields[0]
+    moot = set(PARTITION_PARAMS.values()) - {PARTITION_PARAMS.get(first["partition"])}  # e.g. alpha for iid
+    ignored = ignored | moot
+    differ = sorted(k for k in first if k not in ignored and any(f.get(k) != first[k] for f in fields))
+    seeds = [e.config.seed for e in cell.entries]
+    notes = [f"{where} pools runs that differ in {', '.join(differ)}"] if differ else []
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        notes.append(f"{where} has several runs with seed {', '.join(map(str, repeated))}")
+    return notes
+
+
+def _init_order(inits: Iterable[str]) -> list[str]:
+    """random, then imagenet, then the checkpoints in order of appearance (the paper's row order)."""
+    seen, first = list(dict.fromkeys(inits)), ("random", "imagenet")
+    return [i for i in first if i in seen] + [i for i in seen if i not in first]
+
+
+def build_tables(entries: Sequence[tuple]) -> list[Table]:
+    """One table per setting (order of first appearance), rows = inits, from (config, final acc[, name])."""
+    entries = [Entry(*e) for e in entries]
+    fl: dict[tuple, dict[str, list[Entry]]] = {}
+    cl: dict[tuple, dict[str, list[Entry]]] = {}
+    for e in entries:
+        groups = cl if e.config.centralized else fl
+        cells = groups.setdefault(setting_of(e.config, e.config.centralized), {})
+        cells.setdefault(e.config.init, []).append(e)
+    settings = list(fl) + [k for k in cl if all(_cl_key(s) != k for s in fl)]  # unmatched CL: own table
+    labels = {i: init_label(i) for i in {e.config.init for e in entries}}
+    clashes = {v for v in labels.values() if list(labels.values()).count(v) > 1}
+    tables = []
+    for setting in settings:
+        fl_cells, cl_cells = fl.get(setting, {}), cl.get(_cl_key(setting), {})
+        rows, notes = [], []
+        for init in _init_order([*fl_cells, *cl_cells]):
+            label = init if labels[init] in clashes else labels[init]
+            row = Row(init, label, Cell(fl_cells[init]) if init in fl_cells else None,
+                      Cell(cl_cells[init]) if init in cl_cells else None)
+            if row.federated:
+                notes += _notes(row.federated, IGNORED, f"{label} / Federated")
+            if row.centralised:
+                notes += _notes(row.centralised, CL_IGNORED, f"{label} / Centralised")
+            rows.append(row)
+        tables.append(Table(dict(setting), rows, notes))
+    return tables
+
+
+def heading(setting: dict[str, Any]) -> str:
+    """A setting in one line, e.g. ``cifar10 · resnet20 ×1 · dirichlet alpha=0.3 · 10 clients · ...``."""
+    param = PARTITION_PARAMS.get(setting["partition"])
+    partition = f"{setting['partition']} {param}={setting[param]:g}" if param else setting["partition"]
+    parts = [setting["dataset"], f"{setting['arch']} ×{setting['width']:g}", partition,
+             f"{setting['clients']} clients"]
+    if setting["participation"] is not None:
+        parts.append(f"participation {setting['participation']:g}")
+    parts += [f"{setting['local_epochs']} local epochs", f"{setting['rounds']} rounds",
+              setting["algo"] if setting["algo"] is not None else "centralised only"]
+    return " · ".join(str(p) for p in parts)
+
+
+def to_markdown(tables: Sequence[Table]) -> str:
+    lines = ["# Federated vs centralised: final test accuracy (%; mIoU for segmentation)", "",
+             "Mean ± sample std over seeds (n runs) where several seeds are given; ΔCL-FL = Centralised − "
+             "Federated, of the means.", ""]
+    for table in tables:
+        algo = table.setting["algo"]
+        lines += [f"## {heading(table.setting)}", "",
+                  f"| init | Federated{f' ({algo})' if algo else ''} | Centralised | ΔCL-FL |",
+                  "|---|---:|---:|---:|"]
+        for row in table.rows:
+            cells = [c.text() if c else MISSING for c in (row.federated, row.centralised)]
+            delta = MISSING if row.delta is None else f"{row.delta:.1f}"
+            lines.append(f"| {row.label} | {cells[0]} | {cells[1]} | {delta} |")
+        lines += [""] + [f"Note: {n}." for n in table.notes] + ([""] if table.notes else [])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_json(tables: Sequence[Table]) -> dict:
+    return {"metric": "final-round test_acc x 100 (mIoU for segmentation)", "tables": [
+        {"heading": heading(t.setting), "setting": t.setting, "notes": t.notes, "rows": [
+            {"init": r.init, "label": r.label, "delta_cl_fl": r.delta,
+             "federated": r.federated.record() if r.federated else None,
+             "centralised": r.centralised.record() if r.centralised else None} for r in t.rows]}
+        for t in tables]}
+
+
+def final_entry(run: Run) -> Entry:
+    """The run's config and its final round's test_acc; unfinished runs are refused."""
+    rows = run.rows_with("test_acc")
+    if not rows or rows[-1]["round"] < run.config.rounds:
+        done = rows[-1]["round"] if rows else 0
+        raise AnalysisError(f"{run.path}: {done} of {run.config.rounds} rounds done; finish it with federate "
+                            f"--resume --out {run.path}, or leave it out of the report")
+    return Entry(run.config, float(rows[-1]["test_acc"]), run.name)
+
+
+def run_report(args: argparse.Namespace) -> None:
+    runs = load_runs(args.runs)
+    tables = build_tables([final_entry(r) for r in runs])
+    markdown = to_markdown(tables)
+    out = output_dir(args.out, runs)
+    (out / "report.md").write_text(markdown)
+    write_json(out / "report.json", to_json(tables))
+    print(markdown, end="")
+    print(f"report: {out / 'report.md'}, {out / 'report.json'}", file=sys.stderr)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="Federated / Centralised / ΔCL-FL tables (Tables 2-5)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="federate run directories, federated and centralised (--centralized)")
+    p.add_argument("--out", default=None, help="output folder (default RUN/figures for one run, ./analysis)")
+    p.set_defaults(run=run_report)

@@ -1,0 +1,135 @@
+"""`analyze report`: Federated / Centralised / ΔCL-FL tables (Tables 2-5), pure and on tiny runs."""
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from analysis.cli import main
+from analysis.report import build_tables, init_label, to_json, to_markdown
+from federated.config import FederateConfig
+from federated.datasets import DataConfig, load_dataset
+from federated.rounds import RunOptions, run
+
+
+def _cfg(**kw):
+    return FederateConfig(dataset="cifar10", **kw)
+
+
+def _row(table, label):
+    return next(r for r in table.rows if r.label == label)
+
+
+def test_mean_std_over_seeds_and_delta():
+    # Prepare: three federated seeds and two centralised seeds of one setting
+    entries = [(_cfg(seed=s), acc) for s, acc in enumerate([0.5, 0.6, 0.7])]
+    entries += [(_cfg(seed=s, centralized=True), acc) for s, acc in enumerate([0.8, 0.9])]
+    # Execute
+    (table,) = build_tables(entries)
+    # Assert
+    row = _row(table, "random")
+    assert row.federated.mean == pytest.approx(60.0) and row.federated.std == pytest.approx(10.0)
+    assert row.centralised.mean == pytest.approx(85.0) and row.centralised.std == pytest.approx(7.0710678)
+    assert row.delta == pytest.approx(25.0)
+    assert row.federated.text() == "60.0 ± 10.0 (n=3)" and row.centralised.text() == "85.0 ± 7.1 (n=2)"
+    assert "| random | 60.0 ± 10.0 (n=3) | 85.0 ± 7.1 (n=2) | 25.0 |" in to_markdown([table])
+    assert table.notes == []
+
+
+def test_one_seed_is_a_plain_number_and_missing_cells_are_dashes():
+    tables = build_tables([(_cfg(), 0.4234), (_cfg(init="imagenet", centralized=True), 0.9)])
+    (table,) = tables
+    assert [r.label for r in table.rows] == ["random", "imagenet"]
+    md = to_markdown(tables)
+    assert "| random | 42.3 | – | – |" in md and "| imagenet | – | 90.0 | – |" in md
+    assert to_json(tables)["tables"][0]["rows"][0]["centralised"] is None
+
+
+def test_grouping_by_setting_and_init():
+    entries = [
+        (_cfg(seed=0), 0.5), (_cfg(seed=1), 0.7),  # pooled: differ only in seed
+        (_cfg(init="/x/fps.ckpt"), 0.6), (_cfg(init="imagenet"), 0.8),  # rows of the same table
+        (_cfg(alpha=1.0), 0.9),  # another dirichlet alpha: another table
+        (_cfg(partition="iid", alpha=1.0), 0.3),  # alpha means nothing for iid: pooled with the next
+        (_cfg(partition="iid", alpha=0.3, seed=1), 0.5),
+        (_cfg(algo="fedprox"), 0.55),  # another algorithm: another table
+    ]
+    tables = build_tables(entries)
+    assert len(tables) == 4
+    first = tables[0]
+    assert first.setting["alpha"] == 0.3 and first.setting["algo"] == "fedavg"
+    assert [r.label for r in first.rows] == ["random", "imagenet", "fps"]
+    assert _row(first, "random").federated.values == pytest.approx([50.0, 70.0])
+    iid = next(t for t in tables if t.setting["partition"] == "iid")
+    assert "alpha" not in iid.setting and _row(iid, "random").federated.mean == pytest.approx(40.0)
+    assert iid.notes == []
+    assert init_label("/x/fps.ckpt") == "fps" and init_label("imagenet") == "imagenet"
+
+
+def test_centralised_runs_match_every_algorithm_and_participation():
+    entries = [(_cfg(algo="fedavg"), 0.5), (_cfg(algo="fedprox", participation=0.5), 0.6),
+               (_cfg(centralized=True, algo="fedprox", participation=0.2), 0.8),
+               (_cfg(centralized=True, clients=5), 0.7)]  # no federated run of 5 clients: its own table
+    tables = build_tables(entries)
+    assert [t.setting["algo"] for t in tables] == ["fedavg", "fedprox", None]
+    assert [_row(t, "random").delta for t in tables[:2]] == pytest.approx([30.0, 20.0])
+    assert _row(tables[2], "random").federated is None and "centralised only" in to_markdown(tables)
+    assert "| Federated (fedprox) | Centralised | ΔCL-FL |" in to_markdown(tables)
+
+
+def test_pooling_more_than_seeds_is_noted():
+    (table,) = build_tables([(_cfg(lr=0.1), 0.5), (_cfg(lr=0.01, seed=1), 0.6), (_cfg(lr=0.01, seed=1), 0.6)])
+    assert any("differ in lr" in n for n in table.notes)
+    assert any("several runs with seed 1" in n for n in table.notes)
+    assert "Note: random / Federated pools runs that differ in lr." in to_markdown([table])
+
+
+# ---- end to end on tiny digits runs ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A federated and a centralised one-round run on 200 digits; a second 'seed' copied from the first."""
+    root = tmp_path_factory.mktemp("report")
+    data = load_dataset(DataConfig("digits"))
+    few = dataclasses.replace(data, train_x=data.train_x[:200], train_y=data.train_y[:200],
+                              test_x=data.test_x[:100], test_y=data.test_y[:100])
+    cfg = FederateConfig(dataset="digits", clients=2, rounds=1, local_epochs=1, arch="resnet20", width=0.25,
+                         partition="iid", batch_size=64, eval_local=False)
+    run(cfg, RunOptions(out=root / "fl0", device="cpu", progress=False), data=few)
+    cl = dataclasses.replace(cfg, centralized=True)
+    run(cl, RunOptions(out=root / "cl0", device="cpu", progress=False), data=few)
+    shutil.copytree(root / "fl0", root / "fl1")
+    _edit(root / "fl1", seed=1)
+    rows = [json.loads(line) for line in (root / "fl1" / "metrics.jsonl").read_text().splitlines()]
+    rows[-1]["test_acc"] = 0.5
+    (root / "fl1" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shutil.copytree(root / "fl0", root / "unfinished")
+    _edit(root / "unfinished", rounds=2)
+    return root
+
+
+def _edit(run_dir, **values):
+    config = json.loads((run_dir / "config.json").read_text())
+    config["config"]["federate"].update(values)
+    (run_dir / "config.json").write_text(json.dumps(config))
+
+
+def test_report_on_runs(runs, capsys):
+    out = runs / "out"
+    assert main(["report", *(str(runs / n) for n in ("fl0", "fl1", "cl0")), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == (out / "report.md").read_text()
+    assert "digits · resnet20 ×0.25 · iid · 2 clients" in printed and "(n=2)" in printed
+    record = json.loads((out / "report.json").read_text())
+    (row,) = record["tables"][0]["rows"]
+    assert row["federated"]["runs"] == ["fl0", "fl1"] and row["federated"]["seeds"] == [0, 1]
+    assert row["centralised"]["runs"] == ["cl0"]
+    assert row["delta_cl_fl"] == pytest.approx(row["centralised"]["mean"] - row["federated"]["mean"])
+
+
+def test_unfinished_or_missing_runs_exit_2(runs, capsys):
+    assert main(["report", str(runs / "fl0"), str(runs / "unfinished"), "--out", str(runs / "bad")]) == 2
+    assert "1 of 2 rounds done" in capsys.readouterr().err
+    assert main(["report", str(runs / "nowhere")]) == 2
+    assert "not a federate run directory" in capsys.readouterr().err
