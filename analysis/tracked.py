@@ -11,7 +11,7 @@ import argparse
 
 import numpy as np
 
-from federated.tracking import TrackConfig, Tracker
+from federated.tracking import Tracker, add_search_arguments, track_config
 
 from .output import new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild
@@ -24,8 +24,7 @@ def _from_local_models(run: Run, kind: str, args: argparse.Namespace) -> list[di
         raise AnalysisError(f"{run.path} tracked no {kind} and saved no client models; re-run federate with "
                             f"--track {kind} --track-every K (or --save-local-models R1,R2)")
     s = rebuild(run, args.device)
-    cfg = TrackConfig(track=(kind,), every=1, data=getattr(args, "convex_data", "test"),
-                      variance_samples=getattr(args, "variance_samples", 300), bn_recompute=args.bn_recompute)
+    cfg = track_config(args, track=(kind,), every=1)
     tracker = Tracker(cfg, s.model, s.task, s.data, run.config.seed)
     device = next(s.model.parameters()).device
     rows = []
@@ -121,22 +120,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default RUN/figures for one run, else ./analysis)")
     p.add_argument("--device", default="auto",
                    help="for runs analysed from saved client models (default auto)")
-    p.add_argument("--bn-recompute", action="store_true", help="for saved client models: re-estimate "
-                   "BatchNorm statistics on training data instead of averaging them")
+    add_search_arguments(p.add_argument_group(
+        "for runs analysed from saved client models (--save-local-models) rather than tracked ones"))
 
 
 def register(sub) -> None:
     p = sub.add_parser("convex", help="FedAvg vs optimal convex aggregation (Eq. 4, Fig. 7; oracle on test)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--convex-data", choices=("test", "val"), default="test",
-                   help="for saved client models: search on test (the paper's oracle, default) or val")
     p.set_defaults(run=cmd_convex)
     p = sub.add_parser("variance", help="test loss over λ ~ Dirichlet(1) (Figs. 8, 13, 18; oracle on test)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
-    p.add_argument("--variance-samples", type=int, default=300,
-                   help="for saved client models: λ draws per round (default 300, the paper's)")
     p.add_argument("--hist-rounds", metavar="R1,R2", help="rounds of the histograms (default: the last "
                    "three tracked)")
     p.set_defaults(run=cmd_variance)

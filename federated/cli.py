@@ -28,7 +28,7 @@ from .init import InitError
 from .local import DivergenceError
 from .partition import PARTITIONS, PartitionError
 from .rounds import RunOptions, run
-from .tracking import AGGREGATIONS, TRACKS, TrackConfig
+from .tracking import AGGREGATIONS, TRACKS, TrackConfig, add_search_arguments, track_config
 
 
 def _rounds_list(text: str) -> tuple[int, ...]:
@@ -40,11 +40,8 @@ def _rounds_list(text: str) -> tuple[int, ...]:
 
 
 def _tracking(args: argparse.Namespace) -> TrackConfig:
-    return TrackConfig(track=tuple(t.strip() for t in args.track.split(",") if t.strip()),
-                       every=args.track_every, aggregation=args.aggregation, data=args.convex_data,
-                       variance_samples=args.variance_samples, bn_recompute=args.bn_recompute,
-                       convex_lr=args.convex_lr, convex_epochs=args.convex_epochs,
-                       convex_batch=args.convex_batch, convex_starts=args.convex_starts)
+    return track_config(args, track=tuple(t.strip() for t in args.track.split(",") if t.strip()),
+                        every=args.track_every, aggregation=args.aggregation)
 
 
 def cmd_federate(args: argparse.Namespace) -> None:
@@ -146,21 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--aggregation", choices=AGGREGATIONS, default="algo",
                    help="algo: the algorithm's own aggregation (default); optimal-convex: aggregate every "
                    "round with the searched lambda* (oracle, Fig. 7's dashed curves)")
-    t.add_argument("--convex-data", choices=("test", "val"), default="test",
-                   help="data of the convex search: test (the paper's oracle, default) or val")
-    t.add_argument("--variance-samples", type=int, default=300,
-                   help="lambda ~ Dirichlet(1) draws per tracked round (default 300, the paper's)")
-    t.add_argument("--convex-lr", type=float, default=TrackConfig.convex_lr,
-                   help="SGD lr of the search on w, lambda = softmax(w) (default 1e-5, the paper's)")
-    t.add_argument("--convex-epochs", type=int, default=TrackConfig.convex_epochs,
-                   help="search epochs over its data (default 20, the paper's)")
-    t.add_argument("--convex-batch", type=int, default=TrackConfig.convex_batch,
-                   help="search batch size (default 32, the paper's)")
-    t.add_argument("--convex-starts", type=int, default=TrackConfig.convex_starts,
-                   help="Dirichlet(1) starts besides uniform and FedAvg's weights (default 2)")
-    t.add_argument("--bn-recompute", action="store_true",
-                   help="re-estimate combined models' BatchNorm statistics on 2,000 training images "
-                   "instead of averaging them (slower)")
+    add_search_arguments(t)
     r = p.add_argument_group("run")
     r.add_argument("--seed", type=int, default=0,
                    help="seed of partition, init, sampling and data order (default 0)")

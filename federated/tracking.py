@@ -15,6 +15,7 @@ the algorithm's own aggregate is still computed, so its server state stays updat
 
 from __future__ import annotations
 
+import argparse
 import copy
 from dataclasses import dataclass
 
@@ -118,3 +119,30 @@ class Tracker:
             losses = loss_variance(states, self.on_test, self.cfg.variance_samples, rng)
             record["variance"] = {**loss_summary(losses), "losses": losses}
         return record, override
+
+
+def add_search_arguments(group) -> None:
+    """The flags of the convex search and the variance sampling (shared by federate and analyze)."""
+    group.add_argument("--convex-data", choices=("test", "val"), default="test",
+                       help="data of the convex search: test (the paper's oracle, default) or val")
+    group.add_argument("--variance-samples", type=int, default=300,
+                       help="lambda ~ Dirichlet(1) draws per tracked round (default 300, the paper's)")
+    group.add_argument("--convex-lr", type=float, default=TrackConfig.convex_lr,
+                       help="SGD lr of the search on w, lambda = softmax(w) (default 1e-5, the paper's)")
+    group.add_argument("--convex-epochs", type=int, default=TrackConfig.convex_epochs,
+                       help="search epochs over its data (default 20, the paper's)")
+    group.add_argument("--convex-batch", type=int, default=TrackConfig.convex_batch,
+                       help="search batch size (default 32, the paper's)")
+    group.add_argument("--convex-starts", type=int, default=TrackConfig.convex_starts,
+                       help="Dirichlet(1) starts besides uniform and FedAvg's weights (default 2)")
+    group.add_argument("--bn-recompute", action="store_true",
+                       help="re-estimate combined models' BatchNorm statistics on 2,000 training images "
+                       "instead of averaging them (slower)")
+
+
+def track_config(args: argparse.Namespace, **fields) -> TrackConfig:
+    """The TrackConfig of parsed :func:`add_search_arguments` flags plus ``fields``."""
+    return TrackConfig(data=args.convex_data, variance_samples=args.variance_samples,
+                       bn_recompute=args.bn_recompute, convex_lr=args.convex_lr,
+                       convex_epochs=args.convex_epochs, convex_batch=args.convex_batch,
+                       convex_starts=args.convex_starts, **fields)

@@ -125,6 +125,26 @@ def test_scaffold_server_variate_is_the_mean_of_client_variates(tmp_path):
     assert any(c.abs().sum() > 0 for c in s.algo.server["c"].values())
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_scaffold_client_variate_is_the_mean_gradient_under_momentum(momentum):
+    """With a constant gradient g the client variate must come out as g, with or without momentum (a
+    variate of g / (1 - rho) fed back through the momentum made SCAFFOLD collapse)."""
+    algo = ALGORITHMS["scaffold"](ALGORITHMS["scaffold"].Config(), [10], np.ones((1, 2)))
+    model = torch.nn.Linear(3, 1)
+    ctx = ClientContext(0, copy.deepcopy(model), 0.1, momentum, algo.clients[0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    g = torch.tensor([[0.5, -1.0, 2.0]])
+    for _ in range(7):
+        optimizer.zero_grad()
+        ((model.weight * g).sum() + 2 * model.bias.sum()).backward()
+        algo.before_step(ctx, model)
+        optimizer.step()
+        ctx.steps += 1
+    algo.finish_client(ctx, model)
+    assert torch.allclose(ctx.state["c"]["weight"], g, atol=1e-5)
+    assert torch.allclose(ctx.state["c"]["bias"], torch.tensor([2.0]), atol=1e-5)
+
+
 @pytest.mark.parametrize("algo,extra", [("fedavg", {}), ("scaffold", {}), ("feddyn", {}), ("moon", {}),
                                         ("fedavgm", {}), ("fedavg", {"centralized": True}),
                                         ("fedavg", {"bn": "local", "participation": 0.67})])

@@ -1,5 +1,6 @@
 """federate --track and the analyze commands on tiny digits runs (Chen et al., ICLR 2023, §6)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -8,6 +9,10 @@ from PIL import Image
 from analysis.cli import main as analyze
 from analysis.output import DPI, FIGSIZE
 from federated.cli import main as federate
+from federated.config import FederateConfig
+from federated.datasets import DataConfig, load_dataset
+from federated.rounds import RunOptions, run
+from federated.tracking import TrackConfig
 
 TINY = ["--width", "0.25", "--clients", "3", "--local-epochs", "1", "--device", "cpu", "--quiet",
         "--alpha", "1.0", "--batch-size", "32", "--convex-epochs", "1", "--variance-samples", "20"]
@@ -22,11 +27,23 @@ def _size(path, panels=1):
 
 
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory):
-    run = tmp_path_factory.mktemp("runs") / "tracked"
-    assert federate(["--out", str(run), *TINY, "--rounds", "2", "--track", "convex,variance",
-                     "--track-every", "1", "--save-local-models", "2"]) == 0
-    return run
+def few():
+    """300 training and 120 test digits: a tracked round costs seconds instead of minutes."""
+    data = load_dataset(DataConfig())
+    return dataclasses.replace(data, train_x=data.train_x[:300], train_y=data.train_y[:300],
+                               test_x=data.test_x[:120], test_y=data.test_y[:120])
+
+
+def _tiny(**kw):
+    return FederateConfig(width=0.25, clients=3, local_epochs=1, alpha=1.0, batch_size=32, **kw)
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory, few):
+    path = tmp_path_factory.mktemp("runs") / "tracked"
+    tracking = TrackConfig(track=("convex", "variance"), every=1, convex_epochs=1, variance_samples=20)
+    run(_tiny(rounds=2, tracking=tracking), RunOptions(out=path, device="cpu", progress=False), data=few)
+    return path
 
 
 def test_tracked_round_logs_fedavg_convex_and_variance(tracked):
@@ -41,11 +58,11 @@ def test_tracked_round_logs_fedavg_convex_and_variance(tracked):
         assert len(variance["losses"]) == 20 and variance["p2_5"] <= variance["mean"] <= variance["p97_5"]
 
 
-def test_optimal_convex_aggregation_uses_lambda_star(tmp_path):
-    run = tmp_path / "oc"
-    assert federate(["--out", str(run), *TINY, "--rounds", "1", "--aggregation", "optimal-convex",
-                     "--track", "convex", "--track-every", "1"]) == 0
-    row = _rows(run)[0]
+def test_optimal_convex_aggregation_uses_lambda_star(tmp_path, few):
+    tracking = TrackConfig(track=("convex",), every=1, convex_epochs=1, aggregation="optimal-convex")
+    run(_tiny(rounds=1, tracking=tracking), RunOptions(out=tmp_path / "oc", device="cpu", progress=False),
+        data=few)
+    row = _rows(tmp_path / "oc")[0]
     assert row["test_acc"] == pytest.approx(row["convex"]["convex_acc"])
 
 
@@ -65,7 +82,8 @@ def test_analyze_commands_write_figures_of_the_expected_size(tracked, tmp_path, 
 def test_analyze_convex_from_saved_client_models(tmp_path, capsys):
     run = tmp_path / "saved"
     assert federate(["--out", str(run), *TINY, "--rounds", "1", "--save-local-models", "1"]) == 0
-    assert analyze(["convex", str(run), "--device", "cpu"]) == 0, capsys.readouterr().err
+    assert analyze(["convex", str(run), "--device", "cpu", "--convex-epochs", "1"]) == 0, \
+        capsys.readouterr().err
     rows = json.loads((run / "figures" / "convex.json").read_text())["saved"]
     assert rows[0]["round"] == 1 and rows[0]["convex_acc"] >= rows[0]["fedavg_acc"]
     assert rows[0]["fedavg_acc"] == pytest.approx(_rows(run)[0]["test_acc"])
