@@ -1,0 +1,36 @@
+"""fpsfl demo at the smoke budget: every step runs, report.md and its figures exist, numbers are finite."""
+
+import math
+import re
+
+from PIL import Image
+
+from analysis.demo import main
+
+FIGURES = ("partition", "accuracy", "dynamics", "convex", "variance", "variance_hist")
+
+
+def test_demo_smoke_writes_the_report(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--budget", "smoke", "--out", str(out), "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    report = (out / "report.md").read_text()
+    for name in FIGURES:
+        assert f"figures/{name}.png" in report
+        Image.open(out / "figures" / f"{name}.png").verify()
+    rows = [line for line in report.splitlines() if line.startswith("| random") or line.startswith("| fps")]
+    assert len(rows) == 2
+    for row in rows:
+        numbers = [float(x) for x in re.findall(r"-?\d+\.\d+", row)]
+        assert len(numbers) == 3 and all(math.isfinite(x) for x in numbers)
+        fl, cl, delta = numbers
+        assert abs(cl - fl - delta) < 0.11  # ΔCL-FL = CL − FL (rounded to one decimal)
+    assert "| random" in printed  # the table is printed at the end
+    # a second invocation finds every step done and only redoes the analyses and the report
+    assert main(["demo", "--budget", "smoke", "--out", str(out), "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.count("already done") == 5
+
+
+def test_bad_budget_is_one_line_and_exit_2(capsys):
+    assert main(["demo", "--budget", "huge"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
