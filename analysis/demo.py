@@ -21,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from federated.init import SHIPPED
 from fractals.cliutil import Parser, UsageError, run_main
 
 from .runs import AnalysisError
-
-SHIPPED = Path(__file__).resolve().parent.parent / "weights" / "fps-resnet20.ckpt"  # the paper recipe
 
 
 @dataclass(frozen=True)
@@ -93,8 +92,8 @@ def plan(out: Path, budget: Budget, device: str) -> list[Step]:
                    "--batch-size", str(budget.pretrain_batch), "--device", device, "--out", str(ckpt)],
                   ckpt, out / "fps.run" / "state.pt")]
     inits = [("random", "random"), ("fps", str(ckpt))]
-    if SHIPPED.is_file() and budget.width == 1.0:
-        inits.append(("fps-paper", str(SHIPPED)))
+    if SHIPPED["fps-resnet20"].is_file() and budget.width == 1.0:  # the paper recipe, when it ships
+        inits.append(("fps-paper", "fps-resnet20"))
     for label, init in inits:
         for cl in (False, True):
             run = out / "runs" / f"{'cl' if cl else 'fl'}-{label}"

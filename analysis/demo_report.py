@@ -64,7 +64,8 @@ def reading(runs: list[Run], note: str) -> list[str]:
     gap_r, gap_f = 100 * (cl_random - fl_random), 100 * (cl_fps - fl_fps)
     lines.append(f"- ΔCL-FL (centralised − federated): random {gap_r:.1f} points, FPS {gap_f:.1f} points. "
                  "The paper finds pre-training shrinks this gap; " +
-                 ("so it does here." if gap_f < gap_r else "here it does not."))
+                 ("here the difference is within noise." if abs(gap_f - gap_r) < NOISE else
+                  "so it does here." if gap_f < gap_r else "here it does not."))
     for run in runs:
         convex = [r["convex"]["convex_acc"] - r["convex"]["fedavg_acc"] for r in run.rows_with("convex")]
         variance = run.rows_with("variance")

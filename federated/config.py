@@ -92,6 +92,8 @@ class FederateConfig:
             "--val-fraction must lie in [0, 0.5)": 0 <= self.val_fraction < 0.5,
             f"--optimizer must be sgd or adam, got {self.optimizer!r}":
                 self.optimizer in (None, "sgd", "adam"),
+            "--convex-data val needs a validation split; set --val-fraction above 0":
+                self.tracking.data != "val" or self.val_fraction > 0,
         }
         for name in ("clients", "rounds", "local_epochs", "lr_decay_every"):
             checks[f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"] = (

@@ -23,6 +23,22 @@ IMAGENET_FILES = {
 }
 
 
+# checkpoints that ship with fpsfl, made by its own `pretrain` with the paper's recipe (Appendix A.2)
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+SHIPPED = {"fps-resnet20": WEIGHTS / "fps-resnet20.ckpt",
+           "fps-mocov2-resnet20": WEIGHTS / "fps-mocov2-resnet20.ckpt"}
+
+
+def shipped_path(name: str) -> Path:
+    """The file behind a shipped checkpoint name; a name whose file is absent is a one-line error."""
+    path = SHIPPED[name]
+    if not path.is_file():
+        raise InitError(f"--init {name}: this copy of fpsfl ships no {path.name} (it is made on a GPU with "
+                        f"the paper's recipe, see recipes/common.sh); pre-train one with `pretrain fps "
+                        f"--epochs 100 --out fps.ckpt` and pass --init fps.ckpt")
+    return path
+
+
 class InitError(ValueError):
     """An initialisation that cannot be used; the message is one line."""
 
@@ -75,9 +91,10 @@ def initialise(backbone: nn.Module, arch: str, width: float, init: str, init_for
     if init == "imagenet":
         names = load_plain(backbone, imagenet_path(arch), arch)
         return f"ImageNet weights (torchvision): {len(names)} backbone tensors loaded"
-    path = Path(init)
+    path = shipped_path(init) if init in SHIPPED else Path(init)
     if not path.is_file():
-        raise InitError(f"--init {init}: no such file (use random, imagenet or a checkpoint path)")
+        raise InitError(f"--init {init}: no such file (use random, imagenet, {', '.join(SHIPPED)} or a "
+                        f"checkpoint path)")
     if init_format == "torchvision":
         names = load_plain(backbone, path, arch)
         return f"{path} (torchvision state dict): {len(names)} backbone tensors loaded"
