@@ -127,6 +127,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     steps = plan(out, budget, args.device)
+    print(f"fpsfl demo, {args.budget} budget ({budget.note}): {len(steps)} steps, then the analyses and "
+          f"{out / 'report.md'}", flush=True)
     t0 = time.perf_counter()
     run_steps(steps)
     table = write_report(out, steps, budget, args.budget, t0)

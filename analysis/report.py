@@ -167,13 +167,15 @@ def heading(setting: dict[str, Any]) -> str:
     return " · ".join(str(p) for p in parts)
 
 
-def to_markdown(tables: Sequence[Table]) -> str:
+def to_markdown(tables: Sequence[Table], title: bool = True, level: int = 2) -> str:
+    """The tables as markdown; ``title`` adds the document title and legend, ``level`` is the depth of
+    each setting's heading (the demo embeds the tables one level deeper in its own report)."""
     lines = ["# Federated vs centralised: final test accuracy (%; mIoU for segmentation)", "",
              "Mean ± sample std over seeds (n runs) where several seeds are given; ΔCL-FL = Centralised − "
-             "Federated, of the means.", ""]
+             "Federated, of the means.", ""] if title else []
     for table in tables:
         algo = table.setting["algo"]
-        lines += [f"## {heading(table.setting)}", "",
+        lines += [f"{'#' * level} {heading(table.setting)}", "",
                   f"| init | Federated{f' ({algo})' if algo else ''} | Centralised | ΔCL-FL |",
                   "|---|---:|---:|---:|"]
         for row in table.rows:

@@ -34,3 +34,13 @@ def test_demo_smoke_writes_the_report(tmp_path, capsys):
 def test_bad_budget_is_one_line_and_exit_2(capsys):
     assert main(["demo", "--budget", "huge"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_verdict_needs_last_round_and_tail_to_agree_beyond_noise():
+    from analysis.demo_report import _verdict
+
+    assert "helped" in _verdict(5.0, 4.0, 1.0) and "not" not in _verdict(5.0, 4.0, 1.0)
+    assert "did **not** help" in _verdict(-5.0, -4.0, 1.0)
+    assert "No clear difference" in _verdict(5.0, -4.0, 1.0)  # the sign flips over the last rounds
+    assert "No clear difference" in _verdict(5.0, 4.0, 4.5)  # within the runs' round-to-round spread
+    assert "No clear difference" in _verdict(0.5, 0.5, 1.0)
