@@ -44,3 +44,12 @@ def test_verdict_needs_last_round_and_tail_to_agree_beyond_noise():
     assert "No clear difference" in _verdict(5.0, -4.0, 1.0)  # the sign flips over the last rounds
     assert "No clear difference" in _verdict(5.0, 4.0, 4.5)  # within the runs' round-to-round spread
     assert "No clear difference" in _verdict(0.5, 0.5, 1.0)
+
+
+def test_paper_comparison_calls_small_changes_too_close():
+    from analysis.demo_report import _agrees
+
+    assert _agrees(-2.0, 1.0, "within 1 point") == "so it does here."  # lower, as the paper finds
+    assert _agrees(2.0, 1.0, "within 1 point") == "here it does not."
+    assert "too close to call" in _agrees(-0.7, 1.0, "within 1 point")
+    assert "within 10%" in _agrees(0.05, 0.1, "within 10%")
