@@ -22,7 +22,7 @@ import torch
 from federated.config import FederateConfig
 from federated.datasets import ImageData
 from federated.rounds import RunOptions, run
-from pretrain.train import device_name
+from pretrain.device import device_name
 
 
 def cifar_shaped(scale: float, seed: int = 0) -> ImageData:

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from pretrain.backbones import create_backbone
 from pretrain.checkpoint import atomic_save, plain
+from pretrain.device import resolve_device
 from pretrain.rundir import RunDir
-from pretrain.train import resolve_device  # shared by every console script with --device
 
 from .algorithms import ALGORITHMS, ClientContext, ClientResult, FedAvg
 from .config import FederateConfig

@@ -25,11 +25,12 @@ from fractals.ifs import BankError
 from .backbones import BackboneError, arch_names, check_backbone
 from .checkpoint import CheckpointError
 from .config import PretrainConfig, RunOptions, default_run_dir
+from .device import device_name
 from .folder import FolderError
 from .methods import METHODS
 from .rundir import RunDirError
 from .sources import SOURCES
-from .train import TrainingError, device_name, train
+from .train import TrainingError, train
 
 ALIASES = {"fractal-simsiam": "fractal-single"}  # the CLI name of the "fractal + SimSiam" baseline
 _FRACTAL = ("fps", "fractal-single", "multilabel")

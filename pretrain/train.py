@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -26,6 +25,7 @@ from fractals.stream import augment_views
 from .backbones import create_backbone
 from .checkpoint import atomic_save, make_checkpoint, plain, save_checkpoint
 from .config import PretrainConfig, RunOptions
+from .device import resolve_device
 from .methods import METHODS, Method
 from .rundir import RunDir
 from .sources import SOURCES
@@ -40,29 +40,6 @@ class TrainingError(RuntimeError):
 def cosine_lr(base: float, epoch: int, epochs: int) -> float:
     """Learning rate of ``epoch`` (0-based): base * (1 + cos(pi * epoch / epochs)) / 2 (SimSiam, MoCo-v2)."""
     return base * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs))
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA device is available")
-    return device
-
-
-def device_name(name: str) -> str:
-    """The accelerator's or CPU's name, for benchmark records."""
-    device = resolve_device(name)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"cpu: {model}, {torch.get_num_threads()} threads"
 
 
 def default_workers(device: torch.device) -> int:

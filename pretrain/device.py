@@ -1,0 +1,34 @@
+"""Which torch device a ``--device`` flag means, and its name for benchmark records.
+
+Shared by every console script with ``--device`` (``pretrain``, ``federate``, ``analyze``, the benches);
+kept apart from :mod:`pretrain.train` so that importing it does not load the renderer and numba.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA device is available")
+    return device
+
+
+def device_name(name: str) -> str:
+    """The accelerator's or CPU's name, for benchmark records."""
+    device = resolve_device(name)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu: {model}, {torch.get_num_threads()} threads"
