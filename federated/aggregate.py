@@ -3,18 +3,29 @@
 McMahan et al. 2017 (FedAvg), Hsu et al. 2019 (FedAvgM), Wang et al. 2020 (FedNova), Acar et al. 2021
 (FedDyn), Karimireddy et al. 2020 (SCAFFOLD); as used by Chen et al., ICLR 2023, §4.3.
 
-A state is ``{name: tensor}``. Integer tensors (BatchNorm's ``num_batches_tracked``) are averaged in float
-and rounded back, so every function returns a state with the dtypes it was given.
+A state is ``{name: tensor}``. The one rule of every server update: server-side transforms (momentum,
+FedNova's normalisation, control variates, FedDyn's h) act on the trainable *parameters* only, and the
+*buffers* (BatchNorm running statistics) are the sample-weighted average of the clients'. Extrapolating a
+running variance can make it negative, and the model then returns NaN. :func:`split_state` is the one place
+that tells the two apart; :meth:`federated.algorithms.base.FedAvg.aggregate` applies it for every algorithm.
+Integer tensors (BatchNorm's ``num_batches_tracked``) are averaged in float and rounded back, so every
+function returns a state with the dtypes it was given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 from torch import Tensor
 
 State = dict[str, Tensor]
+
+
+def split_state(state: State, params: Collection[str]) -> tuple[State, State]:
+    """(parameters, buffers) of ``state``: the entries named in ``params``, and all the others."""
+    return ({k: v for k, v in state.items() if k in params},
+            {k: v for k, v in state.items() if k not in params})
 
 
 def _cast(value: Tensor, like: Tensor) -> Tensor:
@@ -40,11 +51,6 @@ def weighted_average(states: Sequence[State], weights: Sequence[float]) -> State
     return out
 
 
-def difference(a: State, b: State) -> State:
-    """a - b over the floating-point entries."""
-    return {k: a[k] - b[k] for k in a if a[k].is_floating_point()}
-
-
 def nova_norm(steps: int, momentum: float) -> float:
     """FedNova's a_i for SGD with momentum rho after tau local steps (Wang et al. 2020, §4 / Eq. 9):
     a = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho); a = tau without momentum."""
@@ -54,35 +60,33 @@ def nova_norm(steps: int, momentum: float) -> float:
     return (steps - rho * (1 - rho ** steps) / (1 - rho)) / (1 - rho)
 
 
-def fednova(global_state: State, states: Sequence[State], weights: Sequence[float], steps: Sequence[int],
+def fednova(global_params: State, params: Sequence[State], weights: Sequence[float], steps: Sequence[int],
             momentum: float) -> State:
     """w <- w - tau_eff * sum_i p_i (w - w_i) / a_i, tau_eff = sum_i p_i a_i (Wang et al. 2020, Eq. 6).
 
-    Buffers (BatchNorm statistics) are averaged as FedAvg does. With equal steps it is exactly FedAvg.
+    On parameters only (see the module docstring). With equal steps it is exactly FedAvg.
     """
     p = normalise(weights)
     a = [nova_norm(t, momentum) for t in steps]
     tau_eff = sum(pi * ai for pi, ai in zip(p, a, strict=True))
-    out = weighted_average(states, weights)
-    for key, ref in global_state.items():
-        if not ref.is_floating_point():
-            continue
-        direction = sum(pi / ai * (ref - s[key]) for pi, ai, s in zip(p, a, states, strict=True))
+    out = {}
+    for key, ref in global_params.items():
+        direction = sum(pi / ai * (ref - s[key]) for pi, ai, s in zip(p, a, params, strict=True))
         out[key] = ref - tau_eff * direction
     return out
 
 
-def server_momentum(global_state: State, average: State, velocity: State | None, beta: float, lr: float,
+def server_momentum(global_params: State, average: State, velocity: State | None, beta: float, lr: float,
                     nesterov: bool) -> tuple[State, State]:
     """FedAvgM (Hsu et al. 2019): delta = w - avg; v <- beta v + delta; w <- w - lr v
-    (Nesterov: w <- w - lr (delta + beta v)).
+    (Nesterov, as torch.optim.SGD: w <- w - lr (delta + beta v)).
 
-    Returns (new global state, new velocity). Buffers take the plain average.
+    On parameters only (see the module docstring). Returns (new parameters, new velocity).
     """
-    delta = difference(global_state, average)
-    velocity = {k: (beta * velocity[k] if velocity else 0) + d for k, d in delta.items()}
-    out = dict(average)
-    for key, v in velocity.items():
-        step = delta[key] + beta * v if nesterov else v
-        out[key] = global_state[key] - lr * step
-    return out, velocity
+    out, new_velocity = {}, {}
+    for key, w in global_params.items():
+        delta = w - average[key]
+        v = delta if velocity is None else beta * velocity[key] + delta
+        new_velocity[key] = v
+        out[key] = w - lr * (delta + beta * v if nesterov else v)
+    return out, new_velocity

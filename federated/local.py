@@ -31,16 +31,17 @@ def make_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
 
 
 def local_train(model: nn.Module, optimizer: torch.optim.Optimizer, algo: FedAvg, ctx: ClientContext,
-                task: Task, x: Tensor, y: Tensor, pool: Tensor, epochs: int, batch_size: int,
+                task: Task, x: Tensor, y: Tensor, pools: list[Tensor], batch_size: int,
                 order_gen: torch.Generator, aug_gen: torch.Generator, noise: float = 0.0) -> float:
-    """Train ``model`` in place on samples ``pool`` of (x, y); returns the mean training loss.
+    """Train ``model`` in place, one local epoch per entry of ``pools`` (sample indices into (x, y));
+    returns the mean training loss.
 
     The sample order of each epoch is drawn from ``order_gen`` (CPU); augmentation from ``aug_gen``.
     A batch of one sample is skipped (BatchNorm cannot train on it).
     """
     model.train()
     total, count = torch.zeros((), device=x.device), 0
-    for _ in range(epochs):
+    for pool in pools:
         order = pool[torch.randperm(len(pool), generator=order_gen)]
         for batch in order.split(batch_size):
             if len(batch) < 2:

@@ -10,6 +10,7 @@ from seeds derived from (seed, r, client), so a run is reproducible on CPU and r
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,8 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
                                        store_size=cfg.store_size, split_csv=cfg.split_csv,
                                        val_fraction=cfg.val_fraction, seed=cfg.seed))
     task = TASKS[data.task](data, cfg)
-    algo_cls = ALGORITHMS[cfg.algo]
+    # the CL baseline trains plain SGD on the pooled data: client and server steps have no meaning there
+    algo_cls = FedAvg if cfg.centralized else ALGORITHMS[cfg.algo]
     missing = algo_cls.requires - task.provides
     if missing:
         raise ValueError(f"--algo {cfg.algo} needs {', '.join(sorted(missing))}, which the {data.task} task "
@@ -99,8 +101,9 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
     report = initialise(backbone, cfg.arch, cfg.width, cfg.init, cfg.init_format)
     model = task.build_model(backbone)
     counts = np.stack([task.class_counts(data.train_y[torch.as_tensor(p)]).numpy() for p in parts])
-    algo = algo_cls(cfg.algo_config(), [len(p) for p in parts], counts)
-    algo.prepare_model(model)
+    algo_cfg = FedAvg.Config() if cfg.centralized else cfg.algo_config()
+    algo = algo_cls(algo_cfg, [len(p) for p in parts], counts)
+    algo.attach(model)
     # channels-last weights (the inputs already are, see augment.py): ResNet20 rounds on digits ran about
     # 20% faster with them on the 2-core CPU VM, and it is the layout GPU tensor cores want
     model = model.to(device, memory_format=torch.channels_last)
@@ -130,11 +133,11 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
         if own_bn is not None:
             local.load_state_dict(own_bn, strict=False)
         ctx = ClientContext(client, frozen, lr, _momentum(cfg), s.algo.clients[client])
-        pool = s.algo.round_pool(client, s.parts[client], rng)
+        pools = s.algo.epoch_pools(client, s.parts[client], cfg.local_epochs, rng)
         order_gen, aug_gen = _generators(cfg, rnd, client, device)
         optimizer = make_optimizer(local, cfg.resolved_optimizer(), lr, cfg.momentum, cfg.weight_decay)
-        losses.append(local_train(local, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y, pool,
-                                  cfg.local_epochs, cfg.resolved_batch(), order_gen, aug_gen,
+        losses.append(local_train(local, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y,
+                                  pools, cfg.resolved_batch(), order_gen, aug_gen,
                                   client_noise_for(cfg, client)))
         extra = s.algo.finish_client(ctx, local)
         if cfg.bn == "local":
@@ -144,19 +147,20 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
         state = {k: v.detach().clone() for k, v in local.state_dict().items()}
         if rnd + 1 in cfg.save_local_models:
             _save_local(run.path, rnd + 1, client, state, global_state)
-        results.append(ClientResult(client, state, len(pool), ctx.steps, extra))
+        results.append(ClientResult(client, state, len(pools[0]) if pools else 0, ctx.steps, extra))
         if bar is not None:
             bar.set_postfix_str(f"client {i + 1}/{len(selected)}")
     aggregate = s.algo.aggregate(global_state, results)
+    sizes = [len(s.parts[c]) for c in selected]  # real data sizes |D_m|: Eq. 3's and Eq. 4's FedAvg weights
     tracked: dict = {}
     if tracker is not None and tracker.due(rnd + 1):
         if bar is not None:
             bar.set_postfix_str("tracking")
-        tracked, override = tracker(rnd + 1, [r.state for r in results], [r.n_samples for r in results])
+        tracked, override = tracker(rnd + 1, [r.state for r in results], sizes)
         aggregate = aggregate if override is None else override
     s.model.load_state_dict(aggregate)
     record = {"round": rnd + 1, "lr": lr, **_test_metrics(s), "train_loss": float(np.mean(losses)),
-              "clients": selected, "client_sizes": [r.n_samples for r in results], **tracked}
+              "clients": selected, "client_sizes": sizes, **_health(aggregate), **tracked}
     if rnd == 0:  # the initial model's accuracy: the Acc(theta_{t-1}) of round 1 in Eq. 3 (§6.1)
         record.update({f"init_{k}": v for k, v in initial.items()})
     if local_accs:
@@ -164,6 +168,12 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
         weights = np.asarray(record["client_sizes"], dtype=np.float64)
         record.update(local_acc=float(np.dot(weights / weights.sum(), local_accs)), local_accs=local_accs)
     return record
+
+
+def _health(state: dict[str, torch.Tensor]) -> dict:
+    """The smallest BatchNorm running variance of a state (negative means a corrupted server update)."""
+    variances = [v.min() for k, v in state.items() if k.endswith("running_var")]
+    return {"bn_min_var": float(torch.stack(variances).min())} if variances else {}
 
 
 def _test_metrics(s: Setup) -> dict:
@@ -198,8 +208,8 @@ def centralized_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.dev
     pool = torch.cat(s.parts)
     ctx = ClientContext(-1, s.model, lr, _momentum(cfg), {})
     order_gen, aug_gen = _generators(cfg, rnd, 0, device)
-    loss = local_train(s.model, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y, pool,
-                       cfg.local_epochs, cfg.resolved_batch(), order_gen, aug_gen)
+    loss = local_train(s.model, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y,
+                       [pool] * cfg.local_epochs, cfg.resolved_batch(), order_gen, aug_gen)
     return {"round": rnd + 1, "lr": lr, **_test_metrics(s), "train_loss": loss}
 
 
@@ -227,6 +237,9 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) ->
     _write_partition(rundir.path, cfg, s)
     if opts.progress:
         tqdm.write(f"init: {s.init_report}")
+    if cfg.centralized and type(s.algo) is not ALGORITHMS[cfg.algo]:
+        print(f"federate: note: --centralized trains plain SGD on the pooled data; {cfg.algo}'s client and "
+              f"server steps do not apply to it", file=sys.stderr)
     tracker = (Tracker(cfg.tracking, s.model, s.task, s.data, cfg.seed)
                if cfg.tracking.active and not cfg.centralized else None)
     bar = tqdm(total=cfg.rounds, initial=start, desc="centralised" if cfg.centralized else "rounds",

@@ -37,18 +37,20 @@ class Task(Protocol):
 
 
 class Classifier(nn.Module):
-    """A backbone (pooled features) and a linear head; ``features`` exposes the representation."""
+    """A backbone (pooled features h), a projector (identity unless an algorithm installs one: MOON's
+    head, whose output z the classifier then reads) and a linear head."""
 
     def __init__(self, backbone: nn.Module, n_classes: int):
         super().__init__()
         self.backbone = backbone
+        self.projector = nn.Identity()
         self.head = nn.Linear(backbone.feature_dim, n_classes)
 
     def features(self, x: Tensor) -> Tensor:
         return self.backbone(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.backbone(x))
+        return self.head(self.projector(self.backbone(x)))
 
 
 class ClassificationTask:

@@ -5,6 +5,10 @@ Chen et al., ICLR 2023, §4.3 and Table 9 compare FedAvg with FedProx, FedDyn, M
 (:mod:`federated.rounds`) owns the orchestration and calls these hooks; an algorithm overrides only what
 it changes. Per-client and server state lives in the algorithm object and is saved with the round
 checkpoint through :meth:`FedAvg.state_dict`.
+
+The server side is split in two so that no algorithm can touch BatchNorm statistics by mistake:
+:meth:`FedAvg.aggregate` (not overridden) averages the buffers by sample count and hands only the
+trainable parameters to :meth:`FedAvg.server_update`, which algorithms override.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import Tensor, nn
 
-from ..aggregate import State, weighted_average
+from ..aggregate import State, split_state, weighted_average
 from ..task import Task
 
 
@@ -40,7 +44,7 @@ class ClientContext:
 class ClientResult:
     client: int
     state: State  # the local model's state_dict after training (CPU or device tensors)
-    n_samples: int  # samples the client trained on (its aggregation weight in FedAvg)
+    n_samples: int  # samples the client trained on per local epoch (its aggregation weight in FedAvg)
     steps: int
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -56,8 +60,15 @@ class FedAvg:
         self.class_counts = np.asarray(class_counts, dtype=np.float64)  # (clients, classes)
         self.clients: list[dict[str, Any]] = [{} for _ in client_sizes]
         self.server: dict[str, Any] = {}
+        self.param_names: frozenset[str] = frozenset()  # set by attach()
 
     # ---- model and sampling -------------------------------------------------------------------------
+    def attach(self, model: nn.Module) -> None:
+        """Called once with the global model: lets the algorithm add modules, then records which state
+        entries are trainable parameters (the only entries server updates may transform)."""
+        self.prepare_model(model)
+        self.param_names = frozenset(name for name, _ in model.named_parameters())
+
     def prepare_model(self, model: nn.Module) -> None:
         """Add algorithm-specific modules to the global model before training starts (MOON)."""
 
@@ -67,9 +78,10 @@ class FedAvg:
         m = max(1, round(fraction * n))
         return sorted(range(n)) if m >= n else sorted(rng.choice(n, m, replace=False).tolist())
 
-    def round_pool(self, client: int, indices: Tensor, rng: np.random.Generator) -> Tensor:
-        """The sample indices the client trains on this round (all of them; FedVC resamples)."""
-        return indices
+    def epoch_pools(self, client: int, indices: Tensor, epochs: int,
+                    rng: np.random.Generator) -> list[Tensor]:
+        """The sample indices the client trains on in each local epoch: all of them (FedVC draws)."""
+        return [indices] * epochs
 
     # ---- local training ------------------------------------------------------------------------------
     def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
@@ -80,13 +92,26 @@ class FedAvg:
         """After backward, before the optimiser step (SCAFFOLD corrects the gradients here)."""
 
     def finish_client(self, ctx: ClientContext, model: nn.Module) -> dict[str, Any]:
-        """After local training; returns extra payload for :meth:`aggregate`."""
+        """After local training; returns extra payload for :meth:`server_update`."""
         return {}
 
     # ---- server --------------------------------------------------------------------------------------
     def aggregate(self, global_state: State, results: list[ClientResult]) -> State:
-        """The new global state: the sample-weighted average of the local states."""
-        return weighted_average([r.state for r in results], [r.n_samples for r in results])
+        """The new global state: parameters from :meth:`server_update`, buffers (BatchNorm statistics)
+        the sample-weighted average of the clients' (integer buffers stay integers). Not overridden."""
+        if not self.param_names:
+            raise RuntimeError(f"{self.name}: attach(model) must be called before aggregate")
+        glob, _ = split_state(global_state, self.param_names)
+        parts = [split_state(r.state, self.param_names) for r in results]
+        new = self.server_update(glob, [p for p, _ in parts], results)
+        if len(parts[0][1]):
+            new.update(weighted_average([b for _, b in parts], [r.n_samples for r in results]))
+        return {k: new[k] for k in global_state}
+
+    def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
+        """The new global parameters from the clients' (``params[i]`` is ``results[i]``'s): FedAvg's
+        sample-weighted average."""
+        return weighted_average(params, [r.n_samples for r in results])
 
     # ---- persistence ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -95,7 +120,3 @@ class FedAvg:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server, self.clients = state["server"], state["clients"]
 
-
-def param_state(model: nn.Module) -> dict[str, Tensor]:
-    """The model's trainable parameters by name (no buffers), detached."""
-    return {k: p.detach() for k, p in model.named_parameters()}

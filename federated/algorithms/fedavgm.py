@@ -1,6 +1,7 @@
 """FedAvgM (Hsu et al. 2019, §3): server momentum on the averaged update.
 
-delta = w - avg(w_i); v <- beta v + delta; w <- w - server_lr * v (or the Nesterov form).
+delta = w - avg(w_i); v <- beta v + delta; w <- w - server_lr * v (or the Nesterov form). Parameters only:
+BatchNorm statistics take the plain sample-weighted average (:meth:`FedAvg.aggregate`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ class FedAvgMConfig(AlgoConfig):
     server_lr: float = 1.0  # server learning rate (Hsu et al. 2019: effective lr = server_lr / (1 - beta))
     nesterov: bool = False
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.beta < 1 or self.server_lr <= 0:
+            raise ValueError("fedavgm: beta must lie in [0, 1) and server_lr must be positive")
+
 
 class FedAvgM(FedAvg):
     name = "fedavgm"
     Config = FedAvgMConfig
 
-    def aggregate(self, global_state: State, results: list[ClientResult]) -> State:
-        average = super().aggregate(global_state, results)
-        new, self.server["velocity"] = server_momentum(global_state, average, self.server.get("velocity"),
+    def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
+        average = super().server_update(global_params, params, results)
+        new, self.server["velocity"] = server_momentum(global_params, average, self.server.get("velocity"),
                                                        self.cfg.beta, self.cfg.server_lr, self.cfg.nesterov)
         return new

@@ -1,8 +1,9 @@
-"""FedDyn (Acar et al. 2021): dynamic regularisation that aligns local and global stationary points.
+"""FedDyn (Acar et al. 2021, Algorithm 1): dynamic regularisation that aligns local and global optima.
 
 Local objective L_i(w) - <g_i, w> + alpha/2 ||w - w_global||^2; then g_i <- g_i - alpha (w_i - w_global).
-The server keeps h <- h - alpha/N sum_{i in S} (w_i - w_global) and sets w = mean_S(w_i) - h / alpha.
-Chen et al., ICLR 2023, §4.3 / Table 9.
+The server keeps h <- h - alpha/N sum_{i in S} (w_i - w_global) and sets w = mean_S(w_i) - h / alpha (an
+unweighted mean over the round's clients). Parameters only: BatchNorm statistics take the plain
+sample-weighted average. Chen et al., ICLR 2023, §4.3 / Table 9.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from .fedprox import proximal_term
 @dataclass(frozen=True)
 class FedDynConfig(AlgoConfig):
     alpha: float = 0.01  # regularisation strength (Acar et al. 2021 use 0.01-0.1 on CIFAR)
+
+    def __post_init__(self) -> None:
+        if self.alpha <= 0:
+            raise ValueError(f"feddyn: alpha must be positive, got {self.alpha}")
 
 
 class FedDyn(FedAvg):
@@ -42,15 +47,13 @@ class FedDyn(FedAvg):
         g = ctx.state.setdefault("g", {k: torch.zeros_like(p) for k, p in model.named_parameters()})
         for name, p in model.named_parameters():
             g[name] = g[name] - self.cfg.alpha * (p - glob[name])
-        return {"params": list(glob)}  # parameter names: h covers parameters, not BatchNorm buffers
+        return {}
 
-    def aggregate(self, global_state: State, results: list[ClientResult]) -> State:
+    def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
         n, alpha = len(self.sizes), self.cfg.alpha
-        mean = weighted_average([r.state for r in results], [1.0] * len(results))
-        params = results[0].extra["params"]
-        h = self.server.setdefault("h", {k: torch.zeros_like(global_state[k]) for k in params})
-        for k in params:
-            drift = sum(r.state[k] - global_state[k] for r in results)
-            h[k] = h[k] - alpha / n * drift
+        mean = weighted_average(params, [1.0] * len(params))
+        h = self.server.setdefault("h", {k: torch.zeros_like(v) for k, v in global_params.items()})
+        for k, w in global_params.items():
+            h[k] = h[k] - alpha / n * sum(p[k] - w for p in params)
             mean[k] = mean[k] - h[k] / alpha
         return mean

@@ -1,7 +1,8 @@
 """FedNova (Wang et al. 2020): normalised averaging that removes the bias of unequal local steps.
 
 Each client's update is divided by its momentum-aware step count a_i before averaging and rescaled by
-tau_eff = sum_i p_i a_i (Chen et al., ICLR 2023, §4.3 / Table 9). With equal steps it is FedAvg.
+tau_eff = sum_i p_i a_i (Chen et al., ICLR 2023, §4.3 / Table 9; NIID-Bench's form). With equal steps it
+is FedAvg. Parameters only: BatchNorm statistics take the plain sample-weighted average.
 """
 
 from __future__ import annotations
@@ -16,6 +17,6 @@ class FedNova(FedAvg):
     def finish_client(self, ctx: ClientContext, model) -> dict:
         return {"momentum": ctx.momentum}
 
-    def aggregate(self, global_state: State, results: list[ClientResult]) -> State:
-        return fednova(global_state, [r.state for r in results], [r.n_samples for r in results],
-                       [r.steps for r in results], results[0].extra["momentum"])
+    def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
+        return fednova(global_params, params, [r.n_samples for r in results], [r.steps for r in results],
+                       results[0].extra["momentum"])

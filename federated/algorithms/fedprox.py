@@ -17,6 +17,10 @@ from .base import AlgoConfig, ClientContext, FedAvg
 class FedProxConfig(AlgoConfig):
     mu: float = 0.01  # proximal weight (NIID-Bench tunes mu in {0.001, 0.01, 0.1, 1})
 
+    def __post_init__(self) -> None:
+        if self.mu < 0:
+            raise ValueError(f"fedprox: mu must be >= 0, got {self.mu}")
+
 
 def proximal_term(model: nn.Module, reference: nn.Module) -> Tensor:
     """sum over parameters of ||w - w_ref||^2 (w_ref carries no gradient)."""

@@ -1,8 +1,11 @@
 """FedVC (Hsu et al. 2020, §3.2): virtual clients of a fixed size.
 
 Clients are selected with probability proportional to their size, and every selected client trains on the
-same number of examples per round: a subset when it has more, a resample with replacement when it has
-fewer. All virtual clients weigh the same in the average.
+same number of examples k per local epoch, so that a round processes E * k examples on every client
+whatever its size. Each local epoch is a fresh draw of k of the client's examples: without replacement
+when it holds at least k, with replacement when it holds fewer (``replacement=auto``). A client of exactly
+k examples therefore trains as in FedAvg. All virtual clients weigh the same in the average. The ΔL/ΔG
+analysis (Eq. 3) still weighs clients by their real data sizes (the round loop records those).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from .base import AlgoConfig, ClientResult, FedAvg
 
 @dataclass(frozen=True)
 class FedVCConfig(AlgoConfig):
-    examples: int = 0  # examples per client per round; 0: the mean client size (the balanced setting)
+    examples: int = 0  # examples per client per local epoch; 0: the mean client size (the balanced setting)
     replacement: str = "auto"  # auto (only when a client is smaller) | always | never
 
     def __post_init__(self) -> None:
@@ -42,15 +45,16 @@ class FedVC(FedAvg):
         p = np.asarray(self.sizes, dtype=np.float64) / sum(self.sizes)
         return sorted(rng.choice(n, m, replace=False, p=p).tolist())
 
-    def round_pool(self, client: int, indices: Tensor, rng: np.random.Generator) -> Tensor:
+    def epoch_pools(self, client: int, indices: Tensor, epochs: int,
+                    rng: np.random.Generator) -> list[Tensor]:
         k, n = self.virtual_size(), len(indices)
         replace = self.cfg.replacement == "always" or (self.cfg.replacement == "auto" and n < k)
         if k == n and not replace:
-            return indices  # nothing to resample: exactly FedAvg's data
+            return [indices] * epochs  # nothing to draw: exactly FedAvg's data
         if not replace and k > n:
             raise ValueError(f"fedvc: client {client} has {n} < {k} examples and replacement=never")
-        pick = rng.choice(n, k, replace=replace)
-        return indices[torch.as_tensor(pick, dtype=torch.long)]
+        return [indices[torch.as_tensor(rng.choice(n, k, replace=replace), dtype=torch.long)]
+                for _ in range(epochs)]
 
-    def aggregate(self, global_state: State, results: list[ClientResult]) -> State:
-        return weighted_average([r.state for r in results], [1.0] * len(results))
+    def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
+        return weighted_average(params, [1.0] * len(params))

@@ -1,9 +1,11 @@
 """MOON (Li, He & Song 2021): model-contrastive federated learning.
 
-A projection head maps the backbone features to z. The local loss adds
+A projection head maps the backbone features h to z, and the classifier reads z, as in MOON's reference
+model (features -> 2-layer MLP -> output layer). The local loss adds
 mu * -log( exp(cos(z, z_glob)/tau) / (exp(cos(z, z_glob)/tau) + exp(cos(z, z_prev)/tau)) ),
 pulling the local representation towards the global model's and away from the client's previous local
-model's. Chen et al., ICLR 2023, §4.3 / Table 9 (tau = 0.5).
+model's. Chen et al., ICLR 2023, §4.3 / Table 9 (tau = 0.5). MOON's own default mu is 5 on CIFAR-10 and 1
+on CIFAR-100 / Tiny-ImageNet (the cifar10 preset sets 5).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ class MoonConfig(AlgoConfig):
     tau: float = 0.5  # temperature (MOON; Chen et al. Table 9)
     proj_dim: int = 256  # projection head output (MOON: 2-layer MLP, 256-d)
 
+    def __post_init__(self) -> None:
+        if self.mu < 0 or self.tau <= 0 or self.proj_dim <= 0:
+            raise ValueError("moon: mu must be >= 0, tau and proj_dim positive")
+
 
 def moon_contrastive(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> Tensor:
     """Per-sample model-contrastive loss, (B,): the global representation is the positive."""
@@ -36,32 +42,32 @@ def moon_contrastive(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> T
 class Moon(FedAvg):
     name = "moon"
     Config = MoonConfig
-    requires = frozenset({"features"})  # model.features(x) and model.head
+    requires = frozenset({"features"})  # model.features(x), model.projector and model.head
 
     def prepare_model(self, model: nn.Module) -> None:
         dim = model.backbone.feature_dim
         model.projector = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(inplace=True),
                                         nn.Linear(dim, self.cfg.proj_dim))
+        model.head = nn.Linear(self.cfg.proj_dim, model.head.out_features)
 
     @staticmethod
-    def _z(model: nn.Module, inputs: Tensor) -> tuple[Tensor, Tensor]:
-        h = model.features(inputs)
-        return model.projector(h), model.head(h)
+    def _z(model: nn.Module, inputs: Tensor) -> Tensor:
+        return model.projector(model.features(inputs))
 
     def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
                    targets: Tensor) -> Tensor:
-        z, logits = self._z(model, inputs)
-        loss = task.loss(logits, targets).mean()
+        z = self._z(model, inputs)
+        loss = task.loss(model.head(z), targets).mean()
         prev = ctx.state.get("prev")
         with torch.no_grad():
-            z_glob = self._z(ctx.global_model, inputs)[0]
+            z_glob = self._z(ctx.global_model, inputs)
             if prev is None:  # first round of this client: its previous model is the global one
                 z_prev = z_glob
             else:
                 if "_prev_model" not in ctx.state:  # built once per client round, dropped in finish_client
                     ctx.state["_prev_model"] = copy.deepcopy(ctx.global_model)
                     ctx.state["_prev_model"].load_state_dict(prev)
-                z_prev = self._z(ctx.state["_prev_model"], inputs)[0]
+                z_prev = self._z(ctx.state["_prev_model"], inputs)
         return loss + self.cfg.mu * moon_contrastive(z, z_glob, z_prev, self.cfg.tau).mean()
 
     @torch.no_grad()

@@ -1,23 +1,37 @@
-"""SCAFFOLD (Karimireddy et al. 2020) with option II control variates.
+"""SCAFFOLD (Karimireddy et al. 2020, Algorithm 1) with option II control variates.
 
 Local steps use the corrected gradient g - c_i + c. After K local steps with learning rate lr the client
-sets c_i+ = c_i - c + (w_global - w_i) / (a lr) and sends delta c_i = c_i+ - c_i; the server adds
-(|S| / N) * mean(delta c_i) to c. Chen et al., ICLR 2023, §4.3 / Table 9.
+sets c_i+ = c_i - c + (w_global - w_i) / (K lr) and sends delta c_i = c_i+ - c_i; the server adds
+(|S| / N) * mean(delta c_i) to c. The global model is the sample-weighted average of the clients' (the
+FedAvg-family convention of NIID-Bench; Karimireddy et al.'s unweighted mean with global step 1 is the same
+when clients are equal). Parameters only: BatchNorm statistics are never corrected. Chen et al.,
+ICLR 2023, §4.3 / Table 9.
 
-The paper's local optimiser is SGD with momentum rho = 0.9, under which K steps move the model by about
-a = K / (1 - rho) gradients, not K. Dividing by K (plain SGD's count) would make c_i ten times the mean
-gradient; fed back through the momentum, the correction then grows every round until training collapses
-(it did: 10% accuracy on digits). So a is FedNova's momentum-aware step count (Wang et al. 2020), which
-equals K without momentum, and c_i+ is again the mean local gradient.
+``steps="momentum-aware"`` (the default) replaces K by FedNova's a(K, rho) (Wang et al. 2020), which is K
+for plain SGD, so option II is unchanged there. Under the paper's local momentum rho = 0.9, K steps move the
+model by about K / (1 - rho) gradients: dividing by K makes c_i ten times the mean gradient, and fed back
+through the momentum the correction grows every round until training collapses (10% accuracy on digits).
+``steps="plain"`` keeps option II's K whatever the momentum.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..aggregate import State, nova_norm
-from .base import ClientContext, ClientResult, FedAvg
+from .base import AlgoConfig, ClientContext, ClientResult, FedAvg
+
+
+@dataclass(frozen=True)
+class ScaffoldConfig(AlgoConfig):
+    steps: str = "momentum-aware"  # the step count of option II: momentum-aware (a(K, rho)) | plain (K)
+
+    def __post_init__(self) -> None:
+        if self.steps not in ("momentum-aware", "plain"):
+            raise ValueError(f"scaffold: steps must be momentum-aware or plain, got {self.steps!r}")
 
 
 def _zeros_like(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -26,6 +40,7 @@ def _zeros_like(model: nn.Module) -> dict[str, torch.Tensor]:
 
 class Scaffold(FedAvg):
     name = "scaffold"
+    Config = ScaffoldConfig
 
     def before_step(self, ctx: ClientContext, model: nn.Module) -> None:
         if "c" not in self.server:
@@ -37,13 +52,16 @@ class Scaffold(FedAvg):
             if p.grad is not None:
                 p.grad.add_(c[name].to(p.device) - ci[name].to(p.device))
 
+    def step_count(self, steps: int, momentum: float) -> float:
+        return nova_norm(steps, momentum) if self.cfg.steps == "momentum-aware" else float(steps)
+
     @torch.no_grad()
     def finish_client(self, ctx: ClientContext, model: nn.Module) -> dict:
         if ctx.steps == 0:
             return {"delta_c": {}}
         c, ci = self.server["c"], ctx.state["c"]
         glob = dict(ctx.global_model.named_parameters())
-        scale = 1.0 / (nova_norm(ctx.steps, ctx.momentum) * ctx.lr)
+        scale = 1.0 / (self.step_count(ctx.steps, ctx.momentum) * ctx.lr)
         delta = {}
         for name, p in model.named_parameters():
             new = ci[name] - c[name] + (glob[name] - p) * scale
@@ -51,8 +69,8 @@ class Scaffold(FedAvg):
             ci[name] = new
         return {"delta_c": delta}
 
-    def aggregate(self, global_state: State, results: list[ClientResult]) -> State:
-        new = super().aggregate(global_state, results)
+    def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
+        new = super().server_update(global_params, params, results)
         deltas = [r.extra["delta_c"] for r in results if r.extra["delta_c"]]
         if deltas:
             share = len(deltas) / len(self.sizes)  # |S| / N
