@@ -74,8 +74,8 @@ def plot_dynamics(series: dict[str, list[dict]], path) -> None:
 
 def cmd_dynamics(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
-    series = {run.name: _federated(run) for run in runs}
     out = output_dir(args.out, runs)
+    series = {run.name: _federated(run) for run in runs}
     plot_dynamics(series, out / "dynamics.png")
     write_json(out / "dynamics.json", series)
     for name, rows in series.items():

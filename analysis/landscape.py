@@ -273,6 +273,7 @@ def run_landscape(args: argparse.Namespace) -> None:
     positive("--batch-size", args.batch_size)
     runs = load_runs(args.runs)
     _check_runs(runs, args.plane)
+    out = output_dir(args.out, runs)
     states = _load_states(runs)
     s = rebuild(runs[0], args.device)
     # with --bn-recompute the running statistics are re-estimated at each point, so they are no coordinates
@@ -292,7 +293,6 @@ def run_landscape(args: argparse.Namespace) -> None:
 
     names = [r.name for r in runs]
     axis_names = _axis_names(args.plane, plane, vectors, coords, names)
-    out = output_dir(args.out, runs)
     png = out / f"landscape_{args.plane}.png"
     _plot(png, xs, ys, losses, coords.numpy(), names, args.plane, axis_names,
           [m["loss"] for m in model_metrics])

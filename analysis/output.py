@@ -13,6 +13,8 @@ from typing import Any
 
 import matplotlib
 
+from fractals.cliutil import writable_dir
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -21,10 +23,9 @@ DPI = 100  # so a figure is 600 x 400 px
 
 
 def output_dir(out: str | None, runs: list) -> Path:
-    """``out`` if given, else RUN/figures for one run, else ./analysis; created."""
+    """``out`` if given, else RUN/figures for one run, else ./analysis; created and checked writable."""
     path = Path(out) if out else (runs[0].path / "figures" if len(runs) == 1 else Path("analysis"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return writable_dir(path)
 
 
 def new_figure(ncols: int = 1):

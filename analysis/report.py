@@ -207,9 +207,9 @@ def final_entry(run: Run) -> Entry:
 
 def run_report(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
+    out = output_dir(args.out, runs)
     tables = build_tables([final_entry(r) for r in runs])
     markdown = to_markdown(tables)
-    out = output_dir(args.out, runs)
     (out / "report.md").write_text(markdown)
     write_json(out / "report.json", to_json(tables))
     print(markdown, end="")

@@ -16,6 +16,8 @@ import torch
 
 from federated.config import FederateConfig
 from federated.rounds import Setup, resolve_device, setup
+from pretrain.checkpoint import load_weights_only
+from pretrain.rundir import read_jsonl
 
 
 class AnalysisError(ValueError):
@@ -46,7 +48,7 @@ class Run:
                                 f"--save-local-models {rnd}")
         clients = [int(f.stem.split("_")[1]) for f in files]
         sizes = dict(zip(row["clients"], row["client_sizes"], strict=True))
-        states = [torch.load(f, map_location="cpu", weights_only=True) for f in files]
+        states = [_state_dict(load_weights_only(f, "client model", AnalysisError), f) for f in files]
         return states, [sizes[c] for c in clients]
 
     def final_state(self) -> dict:
@@ -54,7 +56,16 @@ class Run:
         if not path.is_file():
             raise AnalysisError(f"{self.path}: no final.pt (the run did not finish); finish it with "
                                 f"federate --resume --out {self.path}")
-        return torch.load(path, map_location="cpu", weights_only=True)["model"]
+        final = load_weights_only(path, "final model (final.pt)", AnalysisError)
+        if not isinstance(final, dict) or not isinstance(final.get("model"), dict):
+            raise AnalysisError(f"{path} is not a valid final model (final.pt): it has no 'model' entry")
+        return _state_dict(final["model"], path)
+
+
+def _state_dict(obj, path: Path) -> dict:
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise AnalysisError(f"{path} does not hold a state dict of tensors")
+    return obj
 
 
 def load_run(path: str | Path) -> Run:
@@ -66,9 +77,10 @@ def load_run(path: str | Path) -> Run:
     try:
         record = json.loads(config_path.read_text())["config"]
         config = FederateConfig.from_dict(record["federate"])
-        metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     except (KeyError, TypeError, ValueError) as exc:
-        raise AnalysisError(f"{path}: unreadable run ({exc}); re-run federate into a new directory") from None
+        raise AnalysisError(f"{config_path}: unreadable ({exc}); re-run federate into a new "
+                            f"directory") from None
+    metrics, _ = read_jsonl(metrics_path, AnalysisError)  # a torn last line (a crashed run) is left out
     if not metrics:
         raise AnalysisError(f"{path}: no finished round in metrics.jsonl; run or resume it first")
     return Run(path, path.name, config, metrics)

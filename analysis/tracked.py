@@ -45,8 +45,8 @@ def tracked_rows(run: Run, kind: str, args: argparse.Namespace) -> list[dict]:
 
 def cmd_convex(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
+    out = output_dir(args.out, runs)  # before the (possibly long) analysis: a bad --out fails now
     series = {run.name: tracked_rows(run, "convex", args) for run in runs}
-    out = output_dir(args.out, runs)
     fig, (ax, gx) = new_figure(2)
     for i, (name, rows) in enumerate(series.items()):
         t = [r["round"] for r in rows]
@@ -80,8 +80,8 @@ def _hist_rounds(text: str | None, rows: list[dict]) -> list[int]:
 
 def cmd_variance(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
-    series = {run.name: tracked_rows(run, "variance", args) for run in runs}
     out = output_dir(args.out, runs)
+    series = {run.name: tracked_rows(run, "variance", args) for run in runs}
     fig, (ax, vx) = new_figure(2)
     for i, (run, (name, rows)) in enumerate(zip(runs, series.items(), strict=True)):
         color = f"C{i}"

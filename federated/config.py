@@ -97,9 +97,24 @@ class FederateConfig:
             "--convex-data val needs a validation split; set --val-fraction above 0":
                 self.tracking.data != "val" or self.val_fraction > 0,
         }
+        checks.update({
+            f"--lr-decay must lie in (0, 1], got {self.lr_decay}": 0 < self.lr_decay <= 1,
+            f"--momentum must lie in [0, 1), got {self.momentum}": 0 <= self.momentum < 1,
+            f"--weight-decay must be >= 0, got {self.weight_decay}": self.weight_decay >= 0,
+            f"--noise must be >= 0, got {self.noise}": self.noise >= 0,
+            f"--labels-per-client must be >= 1, got {self.labels_per_client}": self.labels_per_client >= 1,
+            f"--min-size must be >= 1, got {self.min_size}": self.min_size is None or self.min_size >= 1,
+            f"--width must be positive, got {self.width}": self.width > 0,
+            f"--seed must be >= 0, got {self.seed}": self.seed >= 0,
+            f"--save-local-models rounds must lie in 1..{self.rounds}, got {list(self.save_local_models)}":
+                all(1 <= r <= self.rounds for r in self.save_local_models),
+        })
         for name in ("clients", "rounds", "local_epochs", "lr_decay_every"):
             checks[f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"] = (
                 getattr(self, name) > 0)
+        for name in ("store_size", "input_size", "crop_size"):
+            value = getattr(self, name)
+            checks[f"--{name.replace('_', '-')} must be positive, got {value}"] = value is None or value > 0
         for message, ok in checks.items():
             if not ok:
                 raise ValueError(message)

@@ -8,13 +8,14 @@ torchvision`` reads a plain state-dict file instead, e.g. the Places365 ResNet18
 
 from __future__ import annotations
 
-import warnings
+import hashlib
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from pretrain.checkpoint import CheckpointError, load_backbone_weights, load_checkpoint
+from pretrain.backbones import create_backbone
+from pretrain.checkpoint import CheckpointError, load_backbone_weights, load_checkpoint, load_weights_only
 
 # torchvision's ImageNet weight files, as torch.hub stores them under <hub dir>/checkpoints/
 IMAGENET_FILES = {
@@ -45,13 +46,7 @@ class InitError(ValueError):
 
 def _plain_state(path: Path) -> dict[str, torch.Tensor]:
     """A state dict from a plain weights file; unwraps {"state_dict": ...} and DataParallel prefixes."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # unpickling errors of every kind mean "not a plain weights file"
-        raise InitError(f"{path} is not a plain state-dict file loadable with weights_only=True "
-                        f"({type(exc).__name__})") from None
+    state = load_weights_only(path, "plain state-dict file (weights_only=True)", InitError)
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -84,6 +79,42 @@ def imagenet_path(arch: str) -> Path:
     return path
 
 
+def init_file(init: str) -> Path | None:
+    """The file behind ``--init`` (None for random and imagenet); InitError if it does not exist."""
+    if init in ("random", "imagenet"):
+        return None
+    path = shipped_path(init) if init in SHIPPED else Path(init)
+    if not path.is_file():
+        raise InitError(f"--init {init}: no such file (use random, imagenet, {', '.join(SHIPPED)} or a "
+                        f"checkpoint path)")
+    return path
+
+
+def init_sha256(init: str) -> str | None:
+    """The SHA-256 of the --init file (recorded in config.json so that --resume need not compare paths);
+    None for random, imagenet or a file that is no longer there."""
+    try:
+        path = init_file(init)
+    except InitError:
+        return None
+    if path is None:
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_init(arch: str, width: float, init: str, init_format: str = "fpsfl") -> None:
+    """Everything :func:`initialise` checks (the file exists, loads, matches arch and width tensor by
+    tensor), on a throw-away backbone and without touching the global RNG: run before slow data loading."""
+    if init == "random":
+        return
+    with torch.random.fork_rng(devices=[]):
+        initialise(create_backbone(arch, width), arch, width, init, init_format)
+
+
 def initialise(backbone: nn.Module, arch: str, width: float, init: str, init_format: str = "fpsfl") -> str:
     """Load ``init`` into ``backbone``; returns a one-line description of what was loaded."""
     if init == "random":
@@ -91,10 +122,7 @@ def initialise(backbone: nn.Module, arch: str, width: float, init: str, init_for
     if init == "imagenet":
         names = load_plain(backbone, imagenet_path(arch), arch)
         return f"ImageNet weights (torchvision): {len(names)} backbone tensors loaded"
-    path = shipped_path(init) if init in SHIPPED else Path(init)
-    if not path.is_file():
-        raise InitError(f"--init {init}: no such file (use random, imagenet, {', '.join(SHIPPED)} or a "
-                        f"checkpoint path)")
+    path = init_file(init)
     if init_format == "torchvision":
         names = load_plain(backbone, path, arch)
         return f"{path} (torchvision state dict): {len(names)} backbone tensors loaded"

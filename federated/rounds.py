@@ -10,6 +10,7 @@ from seeds derived from (seed, r, client), so a run is reproducible on CPU and r
 from __future__ import annotations
 
 import copy
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -23,12 +24,12 @@ from tqdm import tqdm
 from pretrain.backbones import create_backbone
 from pretrain.checkpoint import atomic_save, plain
 from pretrain.device import resolve_device
-from pretrain.rundir import RunDir
+from pretrain.rundir import RunDir, RunDirError
 
 from .algorithms import ALGORITHMS, ClientContext, ClientResult, FedAvg
 from .config import FederateConfig
 from .datasets import DataConfig, ImageData, load_dataset
-from .init import initialise
+from .init import check_init, init_sha256, initialise
 from .local import DivergenceError, local_train, make_optimizer
 from .partition import PartitionConfig, client_noise, default_min_size, partition
 from .partition_report import write_partition_report
@@ -37,6 +38,7 @@ from .tasks import TASKS
 from .tracking import Tracker
 
 FINAL_FORMAT = "fpsfl-federated/1"
+DIVERGE_FACTOR = 100.0  # see check_divergence
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,10 @@ def partition_config(cfg: FederateConfig) -> PartitionConfig:
                            seed=cfg.seed)
 
 
-def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = None) -> Setup:
-    """Data (loaded unless given), partition, task, model (initialised) and algorithm, on ``device``."""
+def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = None,
+          load_init: bool = True) -> Setup:
+    """Data (loaded unless given), partition, task, model (initialised from ``cfg.init`` if
+    ``load_init``) and algorithm, on ``device``."""
     if data is None:
         data = load_dataset(DataConfig(name=cfg.dataset, root=cfg.data_root, download=cfg.download,
                                        store_size=cfg.store_size, split_csv=cfg.split_csv,
@@ -98,7 +102,8 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
     parts = partition(labels, partition_config(cfg), natural)
     torch.manual_seed(cfg.seed)
     backbone = create_backbone(cfg.arch, cfg.width)
-    report = initialise(backbone, cfg.arch, cfg.width, cfg.init, cfg.init_format)
+    report = (initialise(backbone, cfg.arch, cfg.width, cfg.init, cfg.init_format) if load_init
+              else f"resumed from the run's state ({cfg.init} at the start)")
     model = task.build_model(backbone)
     counts = np.stack([task.class_counts(data.train_y[torch.as_tensor(p)]).numpy() for p in parts])
     algo_cfg = FedAvg.Config() if cfg.centralized else cfg.algo_config()
@@ -215,25 +220,32 @@ def centralized_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.dev
 
 def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) -> list[dict]:
     """Run (or resume) a simulation into ``opts.out``; returns all metrics rows. ``data`` replaces the
-    configured dataset (tests)."""
+    configured dataset (tests). The run directory is locked for the whole run (:class:`RunDir`)."""
     device = resolve_device(opts.device)
     rundir = RunDir(opts.out)
-    if not opts.resume:
-        rundir.ensure_new()  # before the (slow) data loading, and before anything is written
-    s = setup(cfg, device, data)
-    config = {"federate": cfg.to_dict(), "algo": plain(vars(cfg.algo_config()))}
+    with rundir.session(opts.resume):  # before the (slow) data loading, and before anything is written
+        if not opts.resume:
+            check_init(cfg.arch, cfg.width, cfg.init, cfg.init_format)  # a bad --init fails before the data
+        s = setup(cfg, device, data, load_init=not opts.resume)  # a resumed run's model is in state.pt
+        return _rounds(s, cfg, opts, rundir, device)
+
+
+def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir,
+            device: torch.device) -> list[dict]:
+    config = {"federate": cfg.to_dict(), "algo": plain(vars(s.algo.cfg)),
+              "init_sha256": init_sha256(cfg.init)}
     optimizer = make_optimizer(s.model, cfg.resolved_optimizer(), cfg.resolved_lr(), cfg.momentum,
                                cfg.weight_decay)
     if opts.resume:
-        state = rundir.load_state(config, compare=("federate", "algo"))
+        state = _load_resumable(rundir, config, cfg)
         s.model.load_state_dict(state["model"])
         s.algo.load_state_dict(state["algo"])
         if cfg.centralized:
             optimizer.load_state_dict(state["optimizer"])
-        start = int(state["done"])
+        start, norm0 = int(state["done"]), float(state["norm0"])
     else:
         rundir.create(config, opts)
-        start = 0
+        start, norm0 = 0, param_norm(s.model)
     _write_partition(rundir.path, cfg, s)
     if opts.progress:
         tqdm.write(f"init: {s.init_report}")
@@ -251,24 +263,65 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) ->
         try:
             record = (centralized_round(s, cfg, rnd, device, optimizer) if cfg.centralized
                       else train_round(s, cfg, rnd, device, rundir, bar, tracker))
+            record["weight_norm"] = param_norm(s.model)
+            check_divergence(record, s.task.n_classes, norm0)
         except DivergenceError as exc:
             bar.close()
-            raise DivergenceError(f"round {rnd + 1}: {exc}; the last good round ({rnd}) is kept in "
-                                  f"{rundir.path} (try a lower --lr)") from None
+            kept = (f"the last good round ({rnd}) is kept in {rundir.path}" if rnd else
+                    f"no round finished, so {rundir.path} is left as it was")
+            raise DivergenceError(f"round {rnd + 1}: {exc}; {kept} (try a lower --lr)") from None
         record["seconds"] = time.perf_counter() - t0
         rundir.append_metrics(record)
-        state = {"done": rnd + 1, "model": s.model.state_dict(), "algo": s.algo.state_dict()}
+        state = {"done": rnd + 1, "model": s.model.state_dict(), "algo": s.algo.state_dict(), "norm0": norm0}
         if cfg.centralized:
             state["optimizer"] = optimizer.state_dict()
         rundir.save_state(state)
         bar.set_postfix(acc=f"{record['test_acc']:.3f}")
         bar.update(1)
     bar.close()
-    if rundir.metrics() and rundir.metrics()[-1]["round"] == cfg.rounds:
+    rows = rundir.metrics()
+    if rows and rows[-1]["round"] == cfg.rounds:
         final = {"format": FINAL_FORMAT, "arch": cfg.arch, "width": cfg.width, "n_classes": s.task.n_classes,
                  "config": plain(config), "model": {k: v.cpu() for k, v in s.model.state_dict().items()}}
         atomic_save(final, rundir.path / "final.pt")
-    return rundir.metrics()
+    return rows
+
+
+def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:
+    """The saved state, once the settings match the saved ones. The --init path is not compared (the
+    state holds the model): a moved init file resumes, a different file with the same name does not."""
+    saved, mine = rundir.saved_config(), plain(config)
+    for part in ("federate", "algo"):
+        a, b = dict(saved.get(part) or {}), dict(mine[part])
+        a.pop("init", None), b.pop("init", None)
+        if a != b:
+            changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            raise RunDirError(f"--resume: {', '.join(changed)} differ(s) from the run in "
+                              f"{rundir.config_path}; resume with the same settings or start a new run")
+    recorded, now = saved.get("init_sha256"), mine["init_sha256"]
+    if recorded and now and recorded != now:
+        raise RunDirError(f"--resume: --init {cfg.init} is not the file this run started from (its sha256 "
+                          f"differs from the one in {rundir.config_path})")
+    return rundir.load_state(config, compare=())
+
+
+def param_norm(model: nn.Module) -> float:
+    """The L2 norm of all trainable parameters (float64)."""
+    return float(torch.sqrt(sum(p.detach().double().pow(2).sum() for p in model.parameters())))
+
+
+def check_divergence(record: dict, n_classes: int, norm0: float) -> None:
+    """A round diverged when its test loss is non-finite or DIVERGE_FACTOR times a uniform guess's
+    (log C), or when the weights' norm is non-finite or DIVERGE_FACTOR times the initial norm: a loss that
+    explodes can stay finite for many rounds (lr 50 on digits reached 1e20) and never recover."""
+    uniform = math.log(max(n_classes, 2))
+    loss, norm = record["test_loss"], record["weight_norm"]
+    if not math.isfinite(loss) or loss > DIVERGE_FACTOR * uniform:
+        raise DivergenceError(f"the test loss became {loss:.3g} (a uniform guess has {uniform:.2f}): the "
+                              f"training diverged")
+    if not math.isfinite(norm) or norm > DIVERGE_FACTOR * norm0:
+        raise DivergenceError(f"the weight norm became {norm:.3g}, {norm / norm0:.0f}x its initial "
+                              f"{norm0:.3g}: the training diverged")
 
 
 def _write_partition(run_dir: Path, cfg: FederateConfig, s: Setup) -> None:

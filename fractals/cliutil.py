@@ -6,7 +6,9 @@ Bad input is one line on stderr and exit code 2, never a traceback; Ctrl-C is ex
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 
 class UsageError(Exception):
@@ -23,6 +25,33 @@ class Parser(argparse.ArgumentParser):
 def positive(name: str, value: float) -> None:
     if value <= 0:
         raise UsageError(f"{name} must be positive, got {value}")
+
+
+def writable_file(path: Path, flag: str = "--out") -> None:
+    """Fail now, not after an hour of work, if the file ``path`` cannot be written (its folder is made)."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.with_name(f".{path.name}.probe{os.getpid()}")
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
+
+
+def writable_dir(path: Path, flag: str = "--out") -> Path:
+    """Make the folder ``path`` and check that files can be written in it; returns it."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot write in {flag} {path}: {exc.strerror or exc}") from None
+    return path
 
 
 def parse_settings(pairs: list[str]) -> dict[str, str]:

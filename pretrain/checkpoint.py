@@ -81,29 +81,48 @@ def validate(ckpt: Any, where: str) -> dict:
 def _culprit(exc: BaseException) -> str:
     """The 'Unsupported global: ...' part of torch's long weights-only error, if it has one."""
     found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
-    return f" (it holds {found.group(1)})" if found else f" ({type(exc).__name__})"
+    return found.group(1) if found else ""
+
+
+def load_weights_only(path: str | Path, what: str, error: type[ValueError] = ValueError) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; any failure is one ``error`` line naming the file
+    and ``what`` it should be: a missing, truncated or corrupt file, or one whose pickle needs more than
+    tensors and plain types (never unpickled: no code runs)."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist")
+    try:
+        with warnings.catch_warnings():  # torch warns about foreign pickles before refusing them
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # every failure to read a file the user gave is a problem with that file
+        culprit = _culprit(exc)
+        if culprit or isinstance(exc, pickle.UnpicklingError):
+            holds = f" (it holds {culprit})" if culprit else ""
+            raise error(f"{path} is not a valid {what}: it needs more than tensors and plain Python types to "
+                        f"load{holds}; refusing to unpickle it") from None
+        detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise error(f"{path} is not a valid {what}: it does not load (truncated or corrupt? "
+                    f"{detail})") from None
 
 
 def load_checkpoint(path: str | Path) -> dict:
     """Load and validate a checkpoint with ``weights_only=True`` (no code runs); CheckpointError otherwise."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    try:
-        with warnings.catch_warnings():  # torch warns about foreign pickles before refusing them
-            warnings.simplefilter("ignore")
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as exc:
-        raise CheckpointError(f"{path} does not load as tensors and plain Python types with "
-                              f"torch.load(weights_only=True){_culprit(exc)}; refusing to unpickle it"
-                              ) from None
-    return validate(ckpt, str(path))
+    return validate(load_weights_only(path, "checkpoint", CheckpointError), str(path))
 
 
 def load_backbone_weights(backbone: nn.Module, ckpt: dict, where: str = "checkpoint") -> list[str]:
     """Load ``ckpt["backbone"]`` into ``backbone`` strictly; returns the loaded tensor names."""
-    result = backbone.load_state_dict(ckpt["backbone"], strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(f"{where} does not fit arch {ckpt['arch']!r}: missing "
-                              f"{result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}")
-    return list(ckpt["backbone"])
+    own, theirs = backbone.state_dict(), ckpt["backbone"]
+    missing, unexpected = sorted(set(own) - set(theirs)), sorted(set(theirs) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"{where} does not fit arch {ckpt['arch']!r}: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
+    for name, tensor in theirs.items():
+        if tensor.shape != own[name].shape:
+            raise CheckpointError(
+                f"{where}: tensor {name} has shape {tuple(tensor.shape)} in the file but "
+                f"{tuple(own[name].shape)} in a {ckpt['arch']} of width {ckpt['width']:g} (the width its "
+                f"header states); the header does not match the tensors")
+    backbone.load_state_dict(theirs)
+    return list(theirs)

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-from fractals.cliutil import Parser, UsageError, parse_settings, positive, run_main
+from fractals.cliutil import Parser, UsageError, parse_settings, positive, run_main, writable_file
 from fractals.ifs import BankError
 
 from .backbones import BackboneError, arch_names, check_backbone
@@ -34,19 +33,6 @@ from .train import TrainingError, train
 
 ALIASES = {"fractal-simsiam": "fractal-single"}  # the CLI name of the "fractal + SimSiam" baseline
 _FRACTAL = ("fps", "fractal-single", "multilabel")
-
-
-def _writable(out: Path) -> None:
-    """Fail now, not after an epoch, if ``out`` cannot be written."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        probe = out.with_name(f".{out.name}.probe{os.getpid()}")
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"cannot write --out {out}: {exc.strerror or exc}") from None
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a directory; give a file name such as fps.ckpt")
 
 
 def _method_args(pairs: list[str], lr: float | None) -> dict[str, str]:
@@ -76,7 +62,7 @@ def cmd_train(args: argparse.Namespace) -> None:
                          root=getattr(args, "root", None), bank=getattr(args, "bank", None),
                          n_classes=getattr(args, "classes", 1000))
     out = Path(args.out or f"{args.command}-{args.arch.replace(':', '-')}.ckpt")
-    _writable(out)
+    writable_file(out)
     opts = RunOptions(out=out, run_dir=Path(args.run_dir) if args.run_dir else default_run_dir(out),
                       device=args.device, workers=args.workers, resume=args.resume, profile=args.profile,
                       progress=not args.quiet)

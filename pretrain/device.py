@@ -12,11 +12,22 @@ import torch
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device of ``--device``; ValueError (one line) for a name torch does not know or a CUDA
+    device this machine does not have."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device mps was asked for but MPS is not available on this machine")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA device is available")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 

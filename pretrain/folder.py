@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +92,29 @@ def scan(cfg: FolderConfig) -> tuple[list[str], list[int], list[str]]:
     return paths, labels, classes
 
 
+def _header_problem(path: str) -> str | None:
+    """Why ``path`` is not an image PIL can open (header only: cheap), or None."""
+    try:
+        with Image.open(path) as img:
+            img.size  # noqa: B018 (the header is parsed here)
+    except Exception as e:  # any failure means the file cannot be trained on
+        return f"{type(e).__name__}: {e}".replace("\n", " ")
+    return None
+
+
+def check_headers(paths: list[str], threads: int = 8) -> None:
+    """Open every image's header (in ``threads`` threads: the work is I/O) so that an unreadable file is
+    reported before training, not epochs later when a shuffle first reaches it (a drop-last batch may skip
+    it for many epochs). A file whose body is damaged is still named when it is decoded."""
+    with ThreadPoolExecutor(threads) as pool:
+        problems = [(p, why) for p, why in zip(paths, pool.map(_header_problem, paths, chunksize=256),
+                                               strict=True) if why]
+    if problems:
+        path, why = problems[0]
+        raise FolderError(f"{len(problems)} of {len(paths)} images cannot be opened, e.g. {path!r} ({why}); "
+                          f"remove or replace them")
+
+
 def load_image(path: str, size: int) -> np.ndarray:
     """uint8 (size, size, 3): RGB, shorter side resized to ``size`` (bilinear, antialiased), centre crop.
 
@@ -164,6 +188,7 @@ class FolderSource:
             raise FolderError(f"workers must be non-negative, got {workers}")
         self.cfg, self.workers = cfg, workers
         paths, labels, self.classes = scan(cfg)
+        check_headers(paths)
         self.n_images = len(paths)
         if cfg.drop_last and self.n_images < cfg.batch_size:
             raise FolderError(f"{self.n_images} images in {cfg.root!r} is fewer than one batch of "

@@ -3,24 +3,44 @@
 Shared by ``pretrain`` and ``federate``. ``config.json`` holds the fully resolved config plus how and where
 the run was made (code version, torch, options); ``metrics.jsonl`` has one JSON line per finished epoch or
 round; ``state.pt`` is the training state that ``--resume`` needs. Every file is loadable without running
-code (JSON, or ``torch.load(weights_only=True)``), and every write is atomic.
+code (JSON, or ``torch.load(weights_only=True)``).
+
+Nothing is lost or corrupted on a crash: a run holds an exclusive lock on its directory for its whole life
+(``flock``, which the kernel releases when the process dies, so a stale lock never blocks a resume); the
+state is replaced atomically; a metrics line is appended and synced before the state that counts it is
+saved, so a crash between the two leaves a line that ``--resume`` drops, and a crash inside the append a
+torn last line, also dropped (with a one-line notice). A run that fails before its first epoch or round
+leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
+import shutil
+import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .checkpoint import atomic_save, plain
+from .checkpoint import atomic_save, load_weights_only, plain
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: runs are not locked
+    fcntl = None
 
 STATE = "state.pt"
+LOCK = ".lock"
+CRASH_ENV = "FPSFL_TEST_CRASH"  # tests only: "metrics:N" dies after the N-th append, "torn:N" inside it
 
 
 class RunDirError(ValueError):
@@ -40,12 +60,89 @@ def code_version() -> str:
     return f"{sha}+dirty" if dirty else sha
 
 
+def read_jsonl(path: Path, error: type[ValueError] = RunDirError) -> tuple[list[dict], bool]:
+    """(rows, whether a torn last line was dropped). A last line without its newline is what a crash
+    during an append leaves; any other unreadable line is an ``error`` naming the file and line."""
+    text = path.read_text() if path.exists() else ""
+    lines = text.split("\n")
+    torn = bool(lines[-1])  # the text did not end with a newline: the last append did not finish
+    rows = []
+    for number, line in enumerate(lines[:-1], 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise error(f"{path}, line {number}: not a JSON record ({exc.msg}); the file is "
+                        f"corrupt") from None
+    return rows, torn
+
+
 class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.config_path, self.metrics_path = self.path / "config.json", self.path / "metrics.jsonl"
         self.state_path = self.path / STATE
+        self._lock_fd: int | None = None
+        self._appends = 0
 
+    # ---- the whole life of a run ---------------------------------------------------------------------
+    @contextmanager
+    def session(self, resume: bool) -> Iterator[RunDir]:
+        """Hold the directory's lock while the run lives. A new run refuses a directory that holds one,
+        and removes what it created if it fails before saving its first state."""
+        if resume and not self.state_path.is_file():
+            raise RunDirError(f"--resume: no training state at {self.state_path} (nothing to resume)")
+        existed = set(os.listdir(self.path)) if self.path.is_dir() else None
+        self.acquire()
+        try:
+            if not resume:
+                self.ensure_new()
+            yield self
+        except BaseException:
+            if not resume and not self.state_path.exists():
+                self._remove_new_files(existed)
+            raise
+        finally:
+            self.release()
+
+    def acquire(self) -> None:
+        """Take the exclusive lock (creating the directory); refuses one held by a live process."""
+        try:
+            if self.path.exists() and not self.path.is_dir():
+                raise RunDirError(f"{self.path} is a file, not a run directory; choose another --out")
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunDirError(f"cannot use {self.path} as a run directory: {exc.strerror or exc}") from None
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise RunDirError(f"{self.path} is in use by process {holder} (a run is writing it); wait "
+                                  f"for it to finish or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} on {platform.node()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing drops the flock; the file stays (unlinking it would race)
+            self._lock_fd = None
+
+    def _remove_new_files(self, existed: set[str] | None) -> None:
+        """Undo a run that never finished an epoch: the directory if it created it, else its new files."""
+        self.release()
+        if existed is None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        for name in set(os.listdir(self.path)) - existed:
+            target = self.path / name
+            shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+
+    # ---- files ---------------------------------------------------------------------------------------
     def ensure_new(self) -> None:
         """Refuse a directory that already holds a run, so that nothing is overwritten."""
         if self.state_path.exists() or self.metrics_path.exists():
@@ -63,6 +160,13 @@ class RunDir:
         self._write_text(self.config_path, json.dumps(record, indent=2) + "\n")
         return 0
 
+    def saved_config(self) -> dict:
+        try:
+            return json.loads(self.config_path.read_text())["config"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RunDirError(f"--resume: {self.config_path} is missing or unreadable ({exc}); "
+                              f"start a new run") from None
+
     def load_state(self, config: dict, compare: tuple[str, ...]) -> dict:
         """The saved training state, after checking that ``config[k]`` matches the saved one for ``compare``.
 
@@ -70,12 +174,14 @@ class RunDir:
         """
         if not self.state_path.is_file():
             raise RunDirError(f"--resume: no training state at {self.state_path} (nothing to resume)")
-        saved = json.loads(self.config_path.read_text())["config"]
+        saved = self.saved_config()
         differs = sorted(k for k in compare if saved.get(k) != plain(config[k]))
         if differs:
             raise RunDirError(f"--resume: the {' and '.join(differs)} config differs from the one in "
                               f"{self.config_path}; resume with the same settings or start a new run")
-        state = torch.load(self.state_path, map_location="cpu", weights_only=True)
+        state = load_weights_only(self.state_path, "run state (state.pt)", RunDirError)
+        if not isinstance(state, dict) or "done" not in state:
+            raise RunDirError(f"{self.state_path} is not a valid run state (state.pt); start a new run")
         self._truncate_metrics(int(state["done"]))
         return state
 
@@ -84,20 +190,34 @@ class RunDir:
         atomic_save(state, self.state_path)
 
     def append_metrics(self, record: dict) -> None:
+        """Append one line and sync it to disk before the state that counts it is saved."""
+        line = json.dumps(record) + "\n"
+        self._appends += 1
+        crash = _crash_point()
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            if crash == ("torn", self._appends):
+                f.write(line[: len(line) // 2])
+                f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        if crash == ("metrics", self._appends):
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def metrics(self) -> list[dict]:
-        if not self.metrics_path.exists():
-            return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        return read_jsonl(self.metrics_path)[0]
 
     def last_metrics(self) -> dict:
         rows = self.metrics()
         return rows[-1] if rows else {}
 
     def _truncate_metrics(self, done: int) -> None:
-        rows = [r for r in self.metrics() if r.get("epoch", r.get("round", 0)) <= done]
+        rows, torn = read_jsonl(self.metrics_path)
+        if torn:
+            print(f"note: dropped the torn last line of {self.metrics_path} (a crash while it was written)",
+                  file=sys.stderr)
+        rows = [r for r in rows if r.get("epoch", r.get("round", 0)) <= done]
         self._write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
 
     @staticmethod
@@ -105,3 +225,9 @@ class RunDir:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
+
+
+def _crash_point() -> tuple[str, int] | None:
+    """The test hook of ``FPSFL_TEST_CRASH`` ("metrics:N" or "torn:N"), or None."""
+    kind, _, n = os.environ.get(CRASH_ENV, "").partition(":")
+    return (kind, int(n)) if kind in ("metrics", "torn") and n.isdigit() else None

@@ -15,6 +15,7 @@ import os
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ from .checkpoint import atomic_save, make_checkpoint, plain, save_checkpoint
 from .config import PretrainConfig, RunOptions
 from .device import resolve_device
 from .methods import METHODS, Method
-from .rundir import RunDir
+from .rundir import RunDir, RunDirError
 from .sources import SOURCES
 
 _NAN_CHECK_EVERY = 16  # steps between finiteness checks (each one synchronises a GPU)
@@ -155,7 +156,15 @@ def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
     """Run (or resume) pre-training; returns the last epoch's metrics. Writes the run dir and ``opts.out``."""
     device = resolve_device(opts.device)
     workers = default_workers(device) if opts.workers is None else opts.workers
+    if not opts.resume and Path(opts.out).exists():
+        raise RunDirError(f"--out {opts.out} already exists and is not overwritten; pass --resume to "
+                          f"continue its run, or choose another --out")
     run = RunDir(opts.run_dir)
+    with run.session(opts.resume):
+        return _train(cfg, opts, run, device, workers)
+
+
+def _train(cfg: PretrainConfig, opts: RunOptions, run: RunDir, device: torch.device, workers: int) -> dict:
     source = SOURCES[cfg.source].make(cfg, workers)
     method = build_method(cfg, source.n_classes, device)
     # channels-last on every device: the layout of GPU tensor cores, and ~20% faster ResNet20 steps on CPU

@@ -30,6 +30,13 @@ class MoCoV2Config(MethodConfig):
     temperature: float = 0.2  # InfoNCE temperature (MoCo-v2)
     key_momentum: float = 0.999  # momentum of the key encoder (MoCo: m = 0.999)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if min(self.hidden_dim, self.out_dim, self.bank_size) <= 0 or self.temperature <= 0:
+            raise ValueError("mocov2: hidden_dim, out_dim, bank_size and temperature must be positive")
+        if not 0 <= self.key_momentum < 1:
+            raise ValueError(f"mocov2: key_momentum must lie in [0, 1), got {self.key_momentum}")
+
 
 class MoCoV2(Method):
     name = "mocov2"

@@ -29,6 +29,11 @@ class SimSiamConfig(MethodConfig):
     lr: float = 0.05  # per 256 samples, scaled linearly (SimSiam §4: lr = 0.05 * B / 256)
     proj_dim: int = 2048  # projector hidden and output width (SimSiam §3)
     pred_dim: int = 512  # predictor bottleneck width (SimSiam §3)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if min(self.proj_dim, self.pred_dim) <= 0:
+            raise ValueError("simsiam: proj_dim and pred_dim must be positive")
     fixed_predictor_lr: bool = True  # SimSiam §4.1: the predictor's lr is not decayed
 
 

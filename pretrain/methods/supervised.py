@@ -19,6 +19,11 @@ class SupervisedConfig(MethodConfig):
     lr: float = 0.1  # per 256 samples, scaled linearly (Goyal et al. 2017)
     label_smoothing: float = 0.0  # plain cross-entropy
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"supervised: label_smoothing must lie in [0, 1), got {self.label_smoothing}")
+
 
 class Supervised(Method):
     name = "supervised"
