@@ -124,8 +124,10 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
         if steps % _NAN_CHECK_EVERY == 0 or steps == len(source):
             if not torch.isfinite(loss_sum):
                 bar.close()
+                kept = (f"the last finished epoch ({epoch}) is kept in {opts.run_dir}" if epoch else
+                        "no epoch finished, so nothing was kept")
                 raise TrainingError(f"the loss became non-finite in epoch {epoch + 1} (near step {steps}); "
-                                    f"the last finished epoch is kept in {opts.run_dir} (try a lower --lr)")
+                                    f"{kept} (try a lower --lr)")
             bar.set_postfix(loss=f"{loss_sum.item() / steps:.4f}",
                             pairs_s=f"{samples / (time.perf_counter() - start):.0f}")
         bar.update(1)
