@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fractals.cliutil import Parser, run_main
+from fpsfl.base.cli import Parser, run_main
 
 from . import dynamics, landscape, report, tracked
 from .runs import AnalysisError

@@ -32,7 +32,7 @@ from matplotlib.colors import LogNorm
 from torch import Tensor
 from tqdm import tqdm
 
-from fractals.cliutil import UsageError, positive
+from fpsfl.base.cli import UsageError, positive
 
 from .combine import State
 from .evaluate import Evaluator

@@ -13,7 +13,7 @@ from typing import Any
 
 import matplotlib
 
-from fractals.cliutil import writable_dir
+from fpsfl.base.cli import writable_dir
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

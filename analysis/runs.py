@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from federated.config import FederateConfig
+from federated.experiment import FederateConfig
 from federated.rounds import Setup, resolve_device, setup
-from pretrain.checkpoint import load_weights_only
-from pretrain.rundir import read_jsonl
+from fpsfl.base.checkpoint import load_weights_only
+from fpsfl.base.rundir import read_jsonl
 
 
 class AnalysisError(ValueError):

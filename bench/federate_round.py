@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from federated.config import FederateConfig
 from federated.datasets import ImageData
+from federated.experiment import FederateConfig
 from federated.rounds import RunOptions, run
-from pretrain.device import device_name
+from fpsfl.base.device import device_name
 
 
 def cifar_shaped(scale: float, seed: int = 0) -> ImageData:

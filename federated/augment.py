@@ -3,7 +3,7 @@
 Chen et al., ICLR 2023, §4.2 fine-tune with the standard recipes: at 32 px (CIFAR) zero-pad 4 px and take a
 random 32 x 32 crop plus a horizontal flip (He et al., CVPR 2016); at larger sizes (Tiny-ImageNet, iNat at
 224 px) a random-resized crop plus flip (torchvision's RandomResizedCrop defaults). Images are normalised
-with the ImageNet statistics that pre-training used (:mod:`fractals.augment`).
+with the ImageNet statistics that pre-training used (:mod:`fpsfl.base.images`).
 
 Images arrive as the datasets hold them, uint8 (B, S, S, 3) channels-last; outputs are float32
 (B, 3, input, input), normalised. All randomness comes from one ``torch.Generator`` in a fixed order, so a
@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fractals.augment import resized_crop, sample_crop_boxes
+from fpsfl.base.images import resized_crop, sample_crop_boxes
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)  # ImageNet statistics, as pre-training normalised (fractals.augment)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # ImageNet statistics, as pre-training normalised (fpsfl.base.images)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 PAD_CROP_MAX_SIDE = 32  # px: images this small that are trained at their stored side get pad-and-crop
 

@@ -16,15 +16,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from fractals.cliutil import Parser, UsageError, parse_settings, run_main
+from fpsfl.base.checkpoint import CheckpointError
+from fpsfl.base.cli import Parser, UsageError, parse_settings, run_main
+from fpsfl.base.rundir import RunDirError
 from pretrain.backbones import BackboneError, arch_names, check_backbone
-from pretrain.checkpoint import CheckpointError
-from pretrain.rundir import RunDirError
 
 from .algorithms import ALGORITHMS
-from .config import PRESETS, FederateConfig
 from .datasets import DATASETS, DataError
-from .init import InitError
+from .experiment import PRESETS, FederateConfig
+from .initialisation import InitError
 from .local import DivergenceError
 from .partition import PARTITIONS, PartitionError
 from .rounds import RunOptions, run

@@ -21,15 +21,15 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from fpsfl.base.checkpoint import atomic_save, plain
+from fpsfl.base.device import resolve_device
+from fpsfl.base.rundir import RunDir, RunDirError
 from pretrain.backbones import create_backbone
-from pretrain.checkpoint import atomic_save, plain
-from pretrain.device import resolve_device
-from pretrain.rundir import RunDir, RunDirError
 
 from .algorithms import ALGORITHMS, ClientContext, ClientResult, FedAvg
-from .config import FederateConfig
 from .datasets import DataConfig, ImageData, load_dataset
-from .init import check_init, init_sha256, initialise
+from .experiment import FederateConfig
+from .initialisation import check_init, init_sha256, initialise
 from .local import DivergenceError, local_train, make_optimizer
 from .partition import PartitionConfig, client_noise, default_min_size, partition
 from .partition_report import write_partition_report

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fractals.augment import crop_theta
+from fpsfl.base.images import crop_theta
 
 from .augment import IMAGENET_MEAN, IMAGENET_STD, add_noise, normalise
 

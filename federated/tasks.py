@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .config import FederateConfig
 from .datasets import ImageData
+from .experiment import FederateConfig
 from .segmentation import SegmentationTask
 from .task import ClassificationTask, Task
 

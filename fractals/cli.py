@@ -10,12 +10,13 @@ import json
 import sys
 from pathlib import Path
 
-from .bench import measure
-from .cliutil import Parser, UsageError, positive, run_main
+from fpsfl.base.cli import Parser, UsageError, positive, run_main
+
 from .ifs import PAPER_BANK, BankError, bank_or_sample, sample_codes, save_bank
 from .preview import make_cells, write_grid
 from .scenes import RenderConfig
 from .stream import KINDS
+from .throughput import measure
 
 
 def _size(value: int) -> int:

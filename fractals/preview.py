@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .augment import AugmentConfig
+from fpsfl.base.images import AugmentConfig
+
 from .ifs import CodeBank
 from .scenes import SCENE_KINDS, RenderConfig
 from .stream import augment_views

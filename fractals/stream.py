@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .augment import AugmentConfig, augment
+from fpsfl.base.images import AugmentConfig, augment
+
 from .ifs import CodeBank
 from .scenes import SCENE_KINDS, RenderConfig
 
@@ -51,7 +52,7 @@ class FractalStream(IterableDataset):
     (the two views) and V = 1 otherwise; multilabel adds ``"labels"`` float32 (B, J).
     With ``augment`` (image-level augmentation on CPU, in the worker): ``"views"`` float32 (V', B, 3, S, S)
     replaces ``"images"``, with V' = 2 for fps and single (two augmentations of one image) and 1 for
-    multilabel. On a GPU, leave ``augment`` unset and run :func:`fractals.augment.augment` on the device.
+    multilabel. On a GPU, leave ``augment`` unset and run :func:`fpsfl.base.images.augment` on the device.
     """
 
     def __init__(self, bank: CodeBank, render: RenderConfig, cfg: StreamConfig,

@@ -18,16 +18,16 @@ import json
 import sys
 from pathlib import Path
 
-from fractals.cliutil import Parser, UsageError, parse_settings, positive, run_main, writable_file
+from fpsfl.base.checkpoint import CheckpointError
+from fpsfl.base.cli import Parser, UsageError, parse_settings, positive, run_main, writable_file
+from fpsfl.base.device import device_name
+from fpsfl.base.rundir import RunDirError
 from fractals.ifs import BankError
 
 from .backbones import BackboneError, arch_names, check_backbone
-from .checkpoint import CheckpointError
-from .config import PretrainConfig, RunOptions, default_run_dir
-from .device import device_name
 from .folder import FolderError
 from .methods import METHODS
-from .rundir import RunDirError
+from .recipe import PretrainConfig, RunOptions, default_run_dir
 from .sources import SOURCES
 from .train import TrainingError, train
 

@@ -5,7 +5,7 @@ unlabelled folder of images (e.g. StyleGAN-generated) for self-supervised learni
 ``ROOT/<class>/<image>`` tree (ImageNet-32, or a Places365 stand-in) for cross-entropy pre-training.
 :class:`FolderSource` only decodes: every image is resized (shorter side to ``size``, bilinear, antialiased)
 and centre-cropped to ``size`` x ``size``; random crops and the other augmentations run later, batched on
-the device (:mod:`fractals.augment`).
+the device (:mod:`fpsfl.base.images`).
 
 The order of epoch e is ``torch.randperm`` under ``SeedSequence([seed, e])`` and the DataLoader keeps batch
 order, so the batches of (seed, epoch) are the same whatever the number of workers.

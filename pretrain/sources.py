@@ -23,8 +23,8 @@ from fractals.ifs import bank_or_sample
 from fractals.scenes import RenderConfig
 from fractals.stream import FractalStream, StreamConfig
 
-from .config import PretrainConfig
 from .folder import FolderConfig, FolderSource
+from .recipe import PretrainConfig
 
 
 class FractalSource:

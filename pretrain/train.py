@@ -21,14 +21,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from fpsfl.base.checkpoint import atomic_save, make_checkpoint, plain, save_checkpoint
+from fpsfl.base.device import resolve_device
+from fpsfl.base.rundir import RunDir, RunDirError
 from fractals.stream import augment_views
 
 from .backbones import create_backbone
-from .checkpoint import atomic_save, make_checkpoint, plain, save_checkpoint
-from .config import PretrainConfig, RunOptions
-from .device import resolve_device
 from .methods import METHODS, Method
-from .rundir import RunDir, RunDirError
+from .recipe import PretrainConfig, RunOptions
 from .sources import SOURCES
 
 _NAN_CHECK_EVERY = 16  # steps between finiteness checks (each one synchronises a GPU)

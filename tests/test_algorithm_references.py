@@ -26,11 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from federated.algorithms import ALGORITHMS
-from federated.config import FederateConfig
 from federated.datasets import ImageData
+from federated.experiment import FederateConfig
 from federated.rounds import Setup, train_round
 from federated.task import Classifier
-from pretrain.rundir import RunDir
+from fpsfl.base.rundir import RunDir
 
 torch.set_default_dtype(torch.float32)
 C, CH, SIDE = 3, 4, 6  # classes, conv channels, image side

@@ -9,12 +9,12 @@ import torch
 from federated.aggregate import fednova, nova_norm, server_momentum, weighted_average
 from federated.algorithms import ALGORITHMS, ClientContext, ClientResult
 from federated.algorithms.fedir import importance_weights
-from federated.config import FederateConfig
 from federated.datasets import ImageData
+from federated.experiment import FederateConfig
 from federated.local import local_train, make_optimizer
 from federated.rounds import RunOptions, _generators, lr_at, run, setup, train_round
 from federated.task import Classifier
-from pretrain.rundir import RunDir
+from fpsfl.base.rundir import RunDir
 
 N_CLASSES, SIDE = 4, 16
 

@@ -9,8 +9,8 @@ from PIL import Image
 from analysis.cli import main as analyze
 from analysis.output import DPI, FIGSIZE
 from federated.cli import main as federate
-from federated.config import FederateConfig
 from federated.datasets import DataConfig, load_dataset
+from federated.experiment import FederateConfig
 from federated.rounds import RunOptions, run
 from federated.tracking import TrackConfig
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import RandomResizedCrop
 
-from fractals.augment import (
+from fpsfl.base.images import (
     AugmentConfig,
     adjust_brightness,
     adjust_contrast,

@@ -5,8 +5,7 @@ import pickle
 import pytest
 import torch
 
-from pretrain.backbones import create_backbone
-from pretrain.checkpoint import (
+from fpsfl.base.checkpoint import (
     FORMAT,
     CheckpointError,
     load_backbone_weights,
@@ -14,6 +13,7 @@ from pretrain.checkpoint import (
     make_checkpoint,
     save_checkpoint,
 )
+from pretrain.backbones import create_backbone
 
 
 class Payload:  # an arbitrary object: unpickling it could run code, so it must be refused

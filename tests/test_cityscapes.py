@@ -12,13 +12,13 @@ import torch
 from PIL import Image
 
 from federated.cli import main
-from federated.config import FederateConfig
 from federated.datasets import DATASETS, DataConfig, DataError, keep_rows, load_dataset
+from federated.experiment import FederateConfig
 from federated.loaders import read_cityscapes
 from federated.rounds import setup
 from federated.segmentation import confusion, iou_from_confusion
+from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
 from pretrain.backbones import create_backbone
-from pretrain.checkpoint import make_checkpoint, save_checkpoint
 
 H, W = 64, 128  # px, stored (H x W) of the miniature images: Cityscapes' 1:2 aspect
 BLOCK = 16  # px side of the constant-label blocks

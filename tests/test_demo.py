@@ -5,7 +5,7 @@ import re
 
 from PIL import Image
 
-from analysis.demo import main
+from fpsfl.demo.cli import main
 
 FIGURES = ("partition", "accuracy", "dynamics", "convex", "variance", "variance_hist")
 
@@ -37,7 +37,7 @@ def test_bad_budget_is_one_line_and_exit_2(capsys):
 
 
 def test_verdict_needs_last_round_and_tail_to_agree_beyond_noise():
-    from analysis.demo_report import _verdict
+    from fpsfl.demo.report import _verdict
 
     assert "helped" in _verdict(5.0, 4.0, 1.0) and "not" not in _verdict(5.0, 4.0, 1.0)
     assert "did **not** help" in _verdict(-5.0, -4.0, 1.0)
@@ -47,7 +47,7 @@ def test_verdict_needs_last_round_and_tail_to_agree_beyond_noise():
 
 
 def test_paper_comparison_calls_small_changes_too_close():
-    from analysis.demo_report import _agrees
+    from fpsfl.demo.report import _agrees
 
     assert _agrees(-2.0, 1.0, "within 1 point") == "so it does here."  # lower, as the paper finds
     assert _agrees(2.0, 1.0, "within 1 point") == "here it does not."

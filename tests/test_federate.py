@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from federated.cli import main
-from federated.config import FederateConfig
-from federated.init import InitError, initialise
+from federated.experiment import FederateConfig
+from federated.initialisation import InitError, initialise
 from federated.rounds import setup
+from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
 from pretrain.backbones import create_backbone
-from pretrain.checkpoint import make_checkpoint, save_checkpoint
 
 TINY = ["--width", "0.25", "--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
         "--quiet", "--alpha", "1.0", "--batch-size", "32"]

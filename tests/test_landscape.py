@@ -13,8 +13,8 @@ from analysis import landscape
 from analysis.cli import main
 from analysis.landscape import anchor_plane, flatten, pca_plane, project, random_plane, unflatten, vector_keys
 from analysis.output import DPI, FIGSIZE
-from federated.config import FederateConfig
 from federated.datasets import DataConfig, load_dataset
+from federated.experiment import FederateConfig
 from federated.rounds import RunOptions, run
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from PIL import Image
 
-from pretrain.checkpoint import load_checkpoint
+from fpsfl.base.checkpoint import load_checkpoint
 from pretrain.cli import main
-from pretrain.config import PretrainConfig, RunOptions
+from pretrain.recipe import PretrainConfig, RunOptions
 from pretrain.sources import SOURCES
 from pretrain.train import cosine_lr, train
 

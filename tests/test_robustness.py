@@ -22,12 +22,12 @@ import torch
 from analysis.cli import main as analyze
 from federated import rounds
 from federated.cli import main as federate
-from federated.config import FederateConfig
+from federated.experiment import FederateConfig
 from federated.rounds import RunOptions, run
+from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
+from fpsfl.base.rundir import CRASH_ENV, RunDir, RunDirError
 from pretrain.backbones import create_backbone
-from pretrain.checkpoint import make_checkpoint, save_checkpoint
 from pretrain.cli import main as pretrain
-from pretrain.rundir import CRASH_ENV, RunDir, RunDirError
 
 FED = ["--width", "0.25", "--clients", "3", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
        "--quiet", "--alpha", "1.0", "--batch-size", "32"]

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from fractals.augment import AugmentConfig
+from fpsfl.base.images import AugmentConfig
 from fractals.ifs import sample_codes
 from fractals.scenes import SCENE_KINDS, RenderConfig
 from fractals.stream import FractalStream, StreamConfig

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fractals.augment import AugmentConfig
+from fpsfl.base.images import AugmentConfig
 
 # Crop + flip only: the augmentation of the classification baselines (multi-label fractals, supervised).
 CROP_FLIP = AugmentConfig(jitter_p=0.0, grayscale_p=0.0, blur_p=0.0)

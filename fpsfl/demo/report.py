@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli import main as analyze
-from .output import new_figure, save_figure
-from .report import build_tables, final_entry, to_markdown
-from .runs import AnalysisError, Run, load_runs
+from analysis.cli import main as analyze
+from analysis.output import new_figure, save_figure
+from analysis.report import build_tables, final_entry, to_markdown
+from analysis.runs import AnalysisError, Run, load_runs
 
 NOISE = 1.0  # accuracy points: below this, one seed cannot tell two inits apart on digits' 360 test images
 TAIL = 3  # rounds: the last rounds averaged next to the final one, since one round can swing by points

@@ -18,7 +18,8 @@ from threadpoolctl import threadpool_limits
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from .augment import AugmentConfig
+from fpsfl.base.images import AugmentConfig
+
 from .ifs import CodeBank
 from .scenes import RenderConfig
 from .stream import FractalStream, StreamConfig

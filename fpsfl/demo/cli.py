@@ -21,10 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from federated.init import SHIPPED
-from fractals.cliutil import Parser, UsageError, run_main
-
-from .runs import AnalysisError
+from analysis.runs import AnalysisError
+from federated.initialisation import SHIPPED
+from fpsfl.base.cli import Parser, UsageError, run_main
 
 
 @dataclass(frozen=True)
@@ -124,7 +123,7 @@ def run_steps(steps: list[Step]) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo_report import write_report
+    from .report import write_report
 
     budget = BUDGETS[args.budget]
     out = Path(args.out)

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
-from pretrain.config import coerce
+from pretrain.recipe import coerce
 
 from .algorithms import ALGORITHMS, AlgoConfig
 from .tracking import TrackConfig

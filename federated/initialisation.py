@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fpsfl.base.checkpoint import CheckpointError, load_backbone_weights, load_checkpoint, load_weights_only
 from pretrain.backbones import create_backbone
-from pretrain.checkpoint import CheckpointError, load_backbone_weights, load_checkpoint, load_weights_only
 
 # torchvision's ImageNet weight files, as torch.hub stores them under <hub dir>/checkpoints/
 IMAGENET_FILES = {

@@ -1,0 +1,145 @@
+"""Typed settings: dataclass fields that carry their help, unit, source and valid range.
+
+The dataclasses of :mod:`pretrain.recipe`, :mod:`federated.experiment` and the plugins' configs are the
+single source of truth. A field made with :func:`setting` knows its help text (with its unit and paper
+section), its range (``within="(0, 1]"``) or choices, and its command-line flag; :func:`check` validates an
+instance from that metadata, :mod:`fpsfl.base.cli` turns the fields into argparse flags, and
+:func:`override` is the one ``--set KEY=VALUE`` helper (typed, unknown keys refused).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+_INTERVAL = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
+
+
+def setting(default: Any = dataclasses.MISSING, help: str | Callable[[], str] = "", *,
+            within: str | None = None, choices: tuple | Callable[[], tuple] | None = None,
+            flag: str | None = None, group: str | None = None, parse: Callable[[str], Any] | None = None,
+            metavar: str | None = None, default_text: str | None = None, cli: bool = True,
+            default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with its metadata.
+
+    ``within``: an interval such as ``"(0, 1]"`` or ``"[0, inf)"``; ``choices``: the allowed values (or a
+    callable giving them); ``flag``: the command-line flag (default ``--field-name``); ``group``: the help
+    section; ``parse``: str -> value for flags with a custom syntax; ``default_text``: how the help states
+    the default (e.g. for None meaning "the dataset's preset"); ``cli=False`` keeps it off the command line.
+    """
+    metadata = {"help": help, "within": within, "choices": choices, "flag": flag, "group": group,
+                "parse": parse, "metavar": metavar, "default_text": default_text, "cli": cli}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def in_interval(value: float, interval: str) -> bool:
+    """Whether ``value`` lies in ``interval`` ("(0, 1]", "[0, inf)", ...); NaN never does."""
+    found = _INTERVAL.match(interval)
+    if not found:
+        raise ValueError(f"bad interval {interval!r}")
+    left, lo, hi, right = found.groups()
+    lo_v, hi_v = float(lo), float(hi)
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return False
+    above = value >= lo_v if left == "[" else value > lo_v
+    below = value <= hi_v if right == "]" else value < hi_v
+    return above and below
+
+
+def choices_of(f: dataclasses.Field) -> tuple | None:
+    choices = f.metadata.get("choices")
+    return tuple(choices()) if callable(choices) else choices
+
+
+def check(obj: Any, style: str = "flag") -> None:
+    """Validate every field of ``obj`` that declares ``within`` or ``choices``; ValueError (one line) naming
+    the flag (``style="flag"``, for command-line configs) or the setting (``"key"``, for --set configs)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if value is None:
+            continue
+        name = flag_of(f) if style == "flag" else f"setting {f.name}"
+        within, choices = f.metadata.get("within"), choices_of(f)
+        items = value if isinstance(value, tuple) else (value,)
+        if within and not all(in_interval(v, within) for v in items):
+            raise ValueError(f"{name} must lie in {within}, got {value!r}")
+        if choices is not None and not all(v in choices for v in items):
+            raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """The resolved annotation of every field (``from __future__ import annotations`` makes them strings)."""
+    return typing.get_type_hints(cls)
+
+
+def scalar(kind: Any) -> Any:
+    """``int`` for ``int | None``, the element type for ``tuple[float, ...]``, else ``kind`` itself."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return next(a for a in args if a is not type(None))
+    if typing.get_origin(kind) is tuple and args:
+        return args[0]
+    return kind
+
+
+def coerce(key: str, value: Any, kind: Any) -> Any:
+    """``value`` (a string from --set, or a JSON value) as ``kind``; ValueError naming ``key`` otherwise."""
+    optional = type(None) in typing.get_args(kind)
+    base = scalar(kind)
+    text = str(value).strip().lower()
+    if optional and (value is None or text == "none"):
+        return None
+    if typing.get_origin(kind) is tuple:
+        parts = value if isinstance(value, list | tuple) else [p for p in str(value).split(",") if p.strip()]
+        return tuple(coerce(key, p, base) for p in parts)
+    if isinstance(value, base) and not (base is int and isinstance(value, bool)):
+        return value
+    try:
+        if base is bool:
+            if text not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text in ("true", "1")
+        if base is int:
+            return int(text)
+        if base is float:
+            return float(text)
+        if base is str:
+            return str(value).strip()
+    except ValueError:
+        pass
+    raise ValueError(f"setting {key!r} must be a {getattr(base, '__name__', base)}, got {value!r}")
+
+
+def override(cls: type, values: Mapping[str, Any], owner: str) -> Any:
+    """``cls`` built from its defaults and ``values`` (typed with :func:`coerce`): the one --set helper.
+    Unknown keys, wrong types and values out of range are one ValueError line starting with ``owner``."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        has = f"; it has {', '.join(sorted(known))}" if known else "; it has none"
+        raise ValueError(f"{owner} has no setting {unknown[0]!r}{has}")
+    kinds = field_types(cls)
+    try:
+        return cls(**{k: coerce(k, v, kinds[k]) for k, v in values.items()})
+    except ValueError as exc:
+        raise ValueError(f"{owner}: {exc}") from None
+
+
+def defaults(cls: type) -> dict[str, Any]:
+    """Each field's default value (``default_factory`` called)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
