@@ -2,88 +2,72 @@
 
 :class:`PretrainConfig` is what defines the result: the same config gives the same weights on CPU, and
 ``--resume`` refuses a run directory whose config differs. :class:`RunOptions` says how to execute it
-(device, workers, paths) and does not change the result on CPU.
+(device, workers, paths) and does not change the result on CPU. Every field carries its help, unit, source
+and range (:func:`fpsfl.base.settings.setting`): the ``pretrain`` flags are generated from them. Fields in
+the ``fractal``, ``multilabel`` and ``folder`` groups are flags only of the sources that use them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fpsfl.base.rundir import RunFlags
+from fpsfl.base.settings import check, override, setting
+
+from .backbones import arch_names
 from .methods import METHODS, MethodConfig
 
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    source: str = "fps"  # fps | fractal-single | multilabel | images | supervised (see pretrain.sources)
-    method: str = "simsiam"  # §4.2: FPS is trained with SimSiam (or MoCo-v2)
-    arch: str = "resnet20"  # §4.2: ResNet20 at 32 px (ResNet18 at 224 px)
-    width: float = 1.0  # channel multiplier of the CIFAR ResNets (Fig. 5)
-    size: int = 32  # px, input side (32 for CIFAR-scale, 224 for Tiny-ImageNet/iNat/Cityscapes)
-    epochs: int = 100  # Appendix A.2
-    pairs_per_epoch: int = 1_000_000  # Appendix A.2: 1M pairs per epoch (fractal sources only)
-    batch_size: int = 256  # pairs (or images) per step, Appendix A.2
-    seed: int = 0
-    method_args: dict[str, Any] = field(default_factory=dict)  # overrides of the method's config (--set)
-    root: str | None = None  # image folder (images, supervised)
-    bank: str | None = None  # IFS code bank .npz; None: the paper's 100K codes sampled from seed
-    n_classes: int = 1000  # multilabel: J fractal classes (Anderson & Farrell 2022)
-    amp: bool = False  # bf16 autocast (CUDA)
+    source: str = setting("fps", cli=False)  # fps | fractal-single | multilabel | images | supervised
+    method: str = setting("simsiam", cli=False)  # §4.2: SimSiam (or MoCo-v2); --method, per source (cli)
+    arch: str = setting("resnet20", lambda: f"backbone: {', '.join(arch_names())} (the paper's at 32 px)")
+    width: float = setting(1.0, "channel multiplier of the CIFAR ResNets (Fig. 5)", within="(0, inf)")
+    size: int = setting(32, "input side in px: 32 (CIFAR scale) or 224", within="[1, inf)")
+    epochs: int = setting(100, "epochs (Appendix A.2)", within="[1, inf)")
+    pairs_per_epoch: int = setting(1_000_000, "samples rendered per epoch (Appendix A.2)", within="[1, inf)",
+                                   group="fractal")
+    batch_size: int = setting(256, "pairs/images per step (Appendix A.2)", within="[1, inf)")
+    seed: int = setting(0, "seed of weights, data and augmentation", within="[0, inf)")
+    method_args: dict[str, Any] = setting(default_factory=dict, cli=False)  # --set / --lr overrides
+    root: str | None = setting(None, "image folder (images: searched recursively; supervised: "
+                                     "ROOT/<class>/<image>)", group="folder")
+    bank: str | None = setting(None, "IFS code bank .npz from `fractals bank`", group="fractal",
+                               default_text="the paper's 100K codes sampled from --seed")
+    n_classes: int = setting(1000, "J, the number of fractal classes (Anderson & Farrell 2022)",
+                             flag="--classes", within="[1, inf)", group="multilabel")
+    amp: bool = setting(False, "bf16 autocast (use on a GPU)")
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
-        for name in ("epochs", "pairs_per_epoch", "batch_size", "size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        METHODS.lookup(self.method)
+        check(self)
         self.method_config()  # type-check the overrides now, not at step 1
 
     def method_config(self) -> MethodConfig:
         """The method's config with ``method_args`` applied; unknown keys and bad types are errors."""
-        cls = METHODS[self.method].Config
-        known = {f.name: f for f in fields(cls)}
-        values = {}
-        for key, value in self.method_args.items():
-            if key not in known:
-                raise ValueError(f"{self.method} has no setting {key!r}; it has {', '.join(known)}")
-            values[key] = coerce(key, value, type(getattr(cls(), key)))
-        return cls(**values)
+        return override(METHODS[self.method].Config, self.method_args, self.method)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def coerce(key: str, value: Any, kind: type) -> Any:
-    """``value`` (a string from --set, or a JSON value) as ``kind``; ValueError naming ``key`` otherwise."""
-    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return value
-    text = str(value).strip().lower()
-    try:
-        if kind is bool:
-            if text not in ("true", "false", "1", "0"):
-                raise ValueError
-            return text in ("true", "1")
-        if kind is int:
-            return int(text)
-        if kind is float:
-            return float(text)
-    except ValueError:
-        pass
-    raise ValueError(f"setting {key!r} must be a {kind.__name__}, got {value!r}")
-
-
 @dataclass(frozen=True)
-class RunOptions:
-    out: Path  # the backbone checkpoint
-    run_dir: Path  # config.json, metrics.jsonl, state.pt
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    workers: int = 0  # DataLoader worker processes rendering fractals / decoding images
-    resume: bool = False
-    profile: bool = False  # synchronise each step to split its time into data wait and compute
-    progress: bool = True
-    stop_after: int | None = None  # stop after this many epochs of this invocation (tests of --resume)
+class RunOptions(RunFlags):
+    out: Path | None = setting(None, "checkpoint path", parse=Path, group="run",
+                               default_text="<command>-<arch>.ckpt")  # the backbone checkpoint
+    run_dir: Path | None = setting(None, "run directory: config.json, metrics.jsonl, state.pt", parse=Path,
+                                   group="run", default_text="beside --out, fps.ckpt -> fps.run/")
+    workers: int | None = setting(None, "data worker processes rendering fractals / decoding images",
+                                  within="[0, inf)", group="run", default_text="0 on CPU, up to 8 on a GPU")
+    profile: bool = setting(False, "time data wait / augmentation / compute separately and print them as "
+                                   "JSON", group="run")
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 def default_run_dir(out: Path) -> Path:

@@ -70,17 +70,20 @@ class SourceSpec:
     make: Callable[[PretrainConfig, int], FractalSource | ImageSource]  # (config, workers) -> source
     methods: tuple[str, ...]  # methods that can train on it; the first is the default
     description: str
+    groups: tuple[str, ...]  # the PretrainConfig setting groups it uses (their flags show on its command)
 
 
 SOURCES: dict[str, SourceSpec] = {
     "fps": SourceSpec(lambda c, w: FractalSource(c, "fps", w), ("simsiam", "mocov2"),
-                      "FPS pairs rendered on the fly (§4.2)"),
+                      "FPS pairs rendered on the fly (§4.2)", ("fractal",)),
     "fractal-single": SourceSpec(lambda c, w: FractalSource(c, "single", w), ("simsiam", "mocov2"),
-                                 "one fractal per image, two augmented views (Table 6 baseline)"),
+                                 "one fractal per image, two augmented views (Table 6 baseline)",
+                                 ("fractal",)),
     "multilabel": SourceSpec(lambda c, w: FractalSource(c, "multilabel", w), ("multilabel",),
-                             "multi-label fractal images over J codes (Anderson & Farrell 2022)"),
+                             "multi-label fractal images over J codes (Anderson & Farrell 2022)",
+                             ("fractal", "multilabel")),
     "images": SourceSpec(lambda c, w: ImageSource(c, False, w), ("simsiam", "mocov2"),
-                         "any image folder, two augmented views (e.g. StyleGAN images)"),
+                         "any image folder, two augmented views (e.g. StyleGAN images)", ("folder",)),
     "supervised": SourceSpec(lambda c, w: ImageSource(c, True, w), ("supervised",),
-                             "a labelled ROOT/<class>/ image folder, cross-entropy (§4.5)"),
+                             "a labelled ROOT/<class>/ image folder, cross-entropy (§4.5)", ("folder",)),
 }

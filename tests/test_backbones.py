@@ -7,12 +7,12 @@ import math
 
 import pytest
 import segmentation_models_pytorch as smp
+import timm
 import torch
 import torchvision
 from segmentation_models_pytorch.encoders import encoders as smp_encoders
 from torch import nn
 
-from pretrain import backbones
 from pretrain.backbones import (
     BACKBONES,
     BackboneError,
@@ -21,7 +21,7 @@ from pretrain.backbones import (
     check_backbone,
     create_backbone,
 )
-from pretrain.resnet_cifar import CifarResNet, ShortcutA
+from pretrain.backbones.cifar_resnet import CifarResNet, ShortcutA
 
 # MobileNetV3's pooled output (1024) is wider than its num_features (288): feature_dim must follow the output
 TIMM_ARCH = "timm:mobilenetv3_small_050"
@@ -201,7 +201,7 @@ class _Failing(nn.Module):
 
 
 def test_dry_run_failures_become_one_line(monkeypatch):
-    monkeypatch.setattr(backbones.timm, "create_model", lambda *args, **kwargs: _Failing())
+    monkeypatch.setattr(timm, "create_model", lambda *args, **kwargs: _Failing())
     with pytest.raises(BackboneError) as info:
         check_backbone("timm:resnet10t", 1.0, 32)
     assert str(info.value) == "timm:resnet10t cannot take 32 px inputs: RuntimeError: first line second line"

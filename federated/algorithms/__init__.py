@@ -1,19 +1,15 @@
-"""FedAvg-family algorithms, looked up by name (Chen et al., ICLR 2023, §4.3, Table 9)."""
+"""FedAvg-family algorithms, looked up by name (Chen et al., ICLR 2023, §4.3, Table 9).
+
+One small file per algorithm, registering its class with ``@ALGORITHMS.register``; this package imports them
+all on the first lookup (:class:`fpsfl.base.registry.Registry`), so a new algorithm touches one file.
+"""
 
 from __future__ import annotations
 
-from .base import AlgoConfig, ClientContext, ClientResult, FedAvg
-from .fedavgm import FedAvgM
-from .feddyn import FedDyn
-from .fedir import FedIR
-from .fednova import FedNova
-from .fedprox import FedProx
-from .fedvc import FedVC
-from .moon import Moon
-from .scaffold import Scaffold
+from fpsfl.base.registry import Registry
 
-ALGORITHMS: dict[str, type[FedAvg]] = {
-    a.name: a for a in (FedAvg, FedProx, FedDyn, Moon, Scaffold, FedNova, FedAvgM, FedVC, FedIR)
-}
+ALGORITHMS: Registry[type] = Registry("algorithm", discover="federated.algorithms")
+
+from .base import AlgoConfig, ClientContext, ClientResult, FedAvg  # noqa: E402 (registers fedavg)
 
 __all__ = ["ALGORITHMS", "AlgoConfig", "ClientContext", "ClientResult", "FedAvg"]

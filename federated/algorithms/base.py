@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ..aggregate import State, split_state, weighted_average
 from ..task import Task
+from . import ALGORITHMS
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ClientResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@ALGORITHMS.register
 class FedAvg:
     name: ClassVar[str] = "fedavg"
     Config: ClassVar[type[AlgoConfig]] = AlgoConfig

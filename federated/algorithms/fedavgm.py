@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..aggregate import State, server_momentum
+from . import ALGORITHMS
 from .base import AlgoConfig, ClientResult, FedAvg
 
 
@@ -23,6 +24,7 @@ class FedAvgMConfig(AlgoConfig):
             raise ValueError("fedavgm: beta must lie in [0, 1) and server_lr must be positive")
 
 
+@ALGORITHMS.register
 class FedAvgM(FedAvg):
     name = "fedavgm"
     Config = FedAvgMConfig

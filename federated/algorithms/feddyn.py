@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..aggregate import State, weighted_average
 from ..task import Task
+from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, ClientResult, FedAvg
 from .fedprox import proximal_term
 
@@ -28,6 +29,7 @@ class FedDynConfig(AlgoConfig):
             raise ValueError(f"feddyn: alpha must be positive, got {self.alpha}")
 
 
+@ALGORITHMS.register
 class FedDyn(FedAvg):
     name = "feddyn"
     Config = FedDynConfig

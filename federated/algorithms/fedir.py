@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..task import Task
+from . import ALGORITHMS
 from .base import ClientContext, FedAvg
 
 
@@ -28,6 +29,7 @@ def self_normalised(weights: Tensor, losses: Tensor) -> Tensor:
     return (weights * losses).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)
 
 
+@ALGORITHMS.register
 class FedIR(FedAvg):
     name = "fedir"
     requires = frozenset({"sample_labels"})  # one class per training sample

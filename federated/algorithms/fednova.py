@@ -8,9 +8,11 @@ is FedAvg. Parameters only: BatchNorm statistics take the plain sample-weighted 
 from __future__ import annotations
 
 from ..aggregate import State, fednova
+from . import ALGORITHMS
 from .base import ClientContext, ClientResult, FedAvg
 
 
+@ALGORITHMS.register
 class FedNova(FedAvg):
     name = "fednova"
 

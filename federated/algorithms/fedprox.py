@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ..task import Task
+from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, FedAvg
 
 
@@ -28,6 +29,7 @@ def proximal_term(model: nn.Module, reference: nn.Module) -> Tensor:
                                                               strict=True))
 
 
+@ALGORITHMS.register
 class FedProx(FedAvg):
     name = "fedprox"
     Config = FedProxConfig

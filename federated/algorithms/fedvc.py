@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..aggregate import State, weighted_average
+from . import ALGORITHMS
 from .base import AlgoConfig, ClientResult, FedAvg
 
 
@@ -30,6 +31,7 @@ class FedVCConfig(AlgoConfig):
             raise ValueError("fedvc: replacement must be auto, always or never and examples >= 0")
 
 
+@ALGORITHMS.register
 class FedVC(FedAvg):
     name = "fedvc"
     Config = FedVCConfig

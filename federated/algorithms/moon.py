@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..task import Task
+from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, FedAvg
 
 
@@ -39,6 +40,7 @@ def moon_contrastive(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> T
     return -pos + torch.logsumexp(torch.stack([pos, neg], 1), 1)
 
 
+@ALGORITHMS.register
 class Moon(FedAvg):
     name = "moon"
     Config = MoonConfig

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..aggregate import State, nova_norm
+from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, ClientResult, FedAvg
 
 
@@ -38,6 +39,7 @@ def _zeros_like(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: torch.zeros_like(p) for k, p in model.named_parameters()}
 
 
+@ALGORITHMS.register
 class Scaffold(FedAvg):
     name = "scaffold"
     Config = ScaffoldConfig

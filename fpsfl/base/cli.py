@@ -133,9 +133,16 @@ def add_settings(parser: Any, cls: type, *, groups: dict[str, Any] | None = None
         target.add_argument(flag_of(f), **kwargs)
 
 
+def add_set_flag(parser: Any, help: str) -> None:
+    """``--set KEY=VALUE`` (repeatable): overrides of a plugin's settings, typed later by
+    :func:`fpsfl.base.settings.override`."""
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
 def settings_from(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """The values of ``cls``'s fields that were given on the command line (see :func:`add_settings`)."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+            if f.metadata.get("cli") and hasattr(args, f.name)}
 
 
 def comma_list(kind: type) -> Any:

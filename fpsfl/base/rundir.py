@@ -25,13 +25,14 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .checkpoint import atomic_save, load_weights_only, plain
+from .settings import setting
 
 try:
     import fcntl
@@ -45,6 +46,17 @@ CRASH_ENV = "FPSFL_TEST_CRASH"  # tests only: "metrics:N" dies after the N-th ap
 
 class RunDirError(ValueError):
     """A run directory that cannot be used as asked; the message is one line."""
+
+
+@dataclass(frozen=True)
+class RunFlags:
+    """How a run executes, shared by pretrain and federate: none of it changes the result on CPU."""
+
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N", group="run")
+    resume: bool = setting(False, "continue the run in the run directory from its last finished epoch or "
+                                  "round", group="run")
+    progress: bool = setting(True, "no progress bar or per-epoch lines", flag="--quiet", group="run")
+    stop_after: int | None = setting(None, cli=False)  # stop after this many epochs/rounds (--resume tests)
 
 
 def code_version() -> str:

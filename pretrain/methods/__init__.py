@@ -1,13 +1,17 @@
-"""Pre-training methods, looked up by name (Chen et al., ICLR 2023, §4.2, Table 6)."""
+"""Pre-training methods, looked up by name (Chen et al., ICLR 2023, §4.2, Table 6).
+
+One file per method, registering its class with ``@METHODS.register``; this package imports them all on the
+first lookup (:class:`fpsfl.base.registry.Registry`).
+"""
 
 from __future__ import annotations
 
-from .base import Method, MethodConfig, feature_std
-from .mocov2 import MoCoV2
-from .multilabel import MultiLabel
-from .simsiam import SimSiam, simsiam_loss
-from .supervised import Supervised
+from fpsfl.base.registry import Registry
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (SimSiam, MoCoV2, MultiLabel, Supervised)}
+from .base import Method, MethodConfig, feature_std
+
+METHODS: Registry[type[Method]] = Registry("method", discover="pretrain.methods")
+
+from .simsiam import simsiam_loss  # noqa: E402 (after METHODS: the module registers itself in it)
 
 __all__ = ["METHODS", "Method", "MethodConfig", "feature_std", "simsiam_loss"]

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpsfl.base.images import AugmentConfig
+from fpsfl.base.settings import check, setting
 
 # Crop + flip only: the augmentation of the classification baselines (multi-label fractals, supervised).
 CROP_FLIP = AugmentConfig(jitter_p=0.0, grayscale_p=0.0, blur_p=0.0)
@@ -26,13 +27,13 @@ CROP_FLIP = AugmentConfig(jitter_p=0.0, grayscale_p=0.0, blur_p=0.0)
 class MethodConfig:
     """Optimiser settings every method has; subclasses add their own hyperparameters."""
 
-    lr: float = 0.05  # per 256 samples, scaled linearly with the batch size (Goyal et al. 2017)
-    momentum: float = 0.9  # SGD momentum (Appendix A.2)
-    weight_decay: float = 1e-4  # Appendix A.2
+    lr: float = setting(0.05, "per 256 samples, scaled linearly with the batch size (Goyal et al. 2017)",
+                        within="(0, inf)")
+    momentum: float = setting(0.9, "SGD momentum (Appendix A.2)", within="[0, 1)")
+    weight_decay: float = setting(1e-4, "Appendix A.2", within="[0, inf)")
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or not 0 <= self.momentum < 1 or self.weight_decay < 0:
-            raise ValueError(f"{type(self).__name__}: need lr > 0, 0 <= momentum < 1, weight_decay >= 0")
+        check(self, style="key")
 
 
 def feature_std(z: Tensor) -> Tensor:

@@ -18,26 +18,24 @@ from lightly.models.modules import MoCoProjectionHead
 from lightly.models.utils import deactivate_requires_grad, update_momentum
 from torch import Tensor, nn
 
+from fpsfl.base.settings import setting
+
+from . import METHODS
 from .base import Method, MethodConfig, feature_std
 
 
 @dataclass(frozen=True)
 class MoCoV2Config(MethodConfig):
-    lr: float = 0.03  # per 256 samples (MoCo-v2: 0.03 at batch 256), scaled linearly
-    hidden_dim: int = 2048  # MLP head hidden width (MoCo-v2)
-    out_dim: int = 128  # key/query dimension (MoCo-v2)
-    bank_size: int = 65_536  # keys in the memory bank (MoCo: K = 65,536)
-    temperature: float = 0.2  # InfoNCE temperature (MoCo-v2)
-    key_momentum: float = 0.999  # momentum of the key encoder (MoCo: m = 0.999)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if min(self.hidden_dim, self.out_dim, self.bank_size) <= 0 or self.temperature <= 0:
-            raise ValueError("mocov2: hidden_dim, out_dim, bank_size and temperature must be positive")
-        if not 0 <= self.key_momentum < 1:
-            raise ValueError(f"mocov2: key_momentum must lie in [0, 1), got {self.key_momentum}")
+    lr: float = setting(0.03, "per 256 samples (MoCo-v2: 0.03 at batch 256), scaled linearly",
+                        within="(0, inf)")
+    hidden_dim: int = setting(2048, "MLP head hidden width (MoCo-v2)", within="[1, inf)")
+    out_dim: int = setting(128, "key/query dimension (MoCo-v2)", within="[1, inf)")
+    bank_size: int = setting(65_536, "keys in the memory bank (MoCo: K = 65,536)", within="[1, inf)")
+    temperature: float = setting(0.2, "InfoNCE temperature (MoCo-v2)", within="(0, inf)")
+    key_momentum: float = setting(0.999, "momentum of the key encoder (MoCo: m = 0.999)", within="[0, 1)")
 
 
+@METHODS.register
 class MoCoV2(Method):
     name = "mocov2"
     Config = MoCoV2Config

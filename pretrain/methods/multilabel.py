@@ -11,14 +11,19 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fpsfl.base.settings import setting
+
+from . import METHODS
 from .base import CROP_FLIP, Method, MethodConfig, feature_std
 
 
 @dataclass(frozen=True)
 class MultiLabelConfig(MethodConfig):
-    lr: float = 0.1  # per 256 samples, scaled linearly (the standard supervised recipe, Goyal et al. 2017)
+    lr: float = setting(0.1, "per 256 samples, scaled linearly (the standard supervised recipe, Goyal et al. "
+                             "2017)", within="(0, inf)")
 
 
+@METHODS.register
 class MultiLabel(Method):
     name = "multilabel"
     Config = MultiLabelConfig

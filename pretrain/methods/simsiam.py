@@ -14,6 +14,9 @@ from lightly.loss import NegativeCosineSimilarity
 from lightly.models.modules import SimSiamPredictionHead, SimSiamProjectionHead
 from torch import Tensor, nn
 
+from fpsfl.base.settings import setting
+
+from . import METHODS
 from .base import Method, MethodConfig, feature_std
 
 _criterion = NegativeCosineSimilarity()
@@ -26,17 +29,14 @@ def simsiam_loss(p1: Tensor, p2: Tensor, z1: Tensor, z2: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class SimSiamConfig(MethodConfig):
-    lr: float = 0.05  # per 256 samples, scaled linearly (SimSiam §4: lr = 0.05 * B / 256)
-    proj_dim: int = 2048  # projector hidden and output width (SimSiam §3)
-    pred_dim: int = 512  # predictor bottleneck width (SimSiam §3)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if min(self.proj_dim, self.pred_dim) <= 0:
-            raise ValueError("simsiam: proj_dim and pred_dim must be positive")
+    lr: float = setting(0.05, "per 256 samples, scaled linearly (SimSiam §4: lr = 0.05 * B / 256)",
+                        within="(0, inf)")
+    proj_dim: int = setting(2048, "projector hidden and output width (SimSiam §3)", within="[1, inf)")
+    pred_dim: int = setting(512, "predictor bottleneck width (SimSiam §3)", within="[1, inf)")
     fixed_predictor_lr: bool = True  # SimSiam §4.1: the predictor's lr is not decayed
 
 
+@METHODS.register
 class SimSiam(Method):
     name = "simsiam"
     Config = SimSiamConfig

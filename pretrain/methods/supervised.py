@@ -11,20 +11,19 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fpsfl.base.settings import setting
+
+from . import METHODS
 from .base import CROP_FLIP, Method, MethodConfig, feature_std
 
 
 @dataclass(frozen=True)
 class SupervisedConfig(MethodConfig):
-    lr: float = 0.1  # per 256 samples, scaled linearly (Goyal et al. 2017)
-    label_smoothing: float = 0.0  # plain cross-entropy
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"supervised: label_smoothing must lie in [0, 1), got {self.label_smoothing}")
+    lr: float = setting(0.1, "per 256 samples, scaled linearly (Goyal et al. 2017)", within="(0, inf)")
+    label_smoothing: float = setting(0.0, "label smoothing of the cross-entropy (0: plain)", within="[0, 1)")
 
 
+@METHODS.register
 class Supervised(Method):
     name = "supervised"
     Config = SupervisedConfig

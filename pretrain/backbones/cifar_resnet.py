@@ -12,8 +12,12 @@ the backbone: ``forward`` returns the pooled (B, 64·w) features.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from . import register_backbone
 
 STAGE_CHANNELS = (16, 32, 64)  # channels of the three stages at width 1 (He et al. 2016, §4.2)
 STAGE_STRIDES = (1, 2, 2)  # the first block of stages 2 and 3 halves the side: 32 -> 16 -> 8 px
@@ -89,3 +93,13 @@ class CifarResNet(nn.Module):
         x = F.relu(self.bn1(self.conv1(x)))  # (B, 16w, S, S)
         x = self.layer3(self.layer2(self.layer1(x)))  # (B, 64w, S/4, S/4)
         return x.mean(dim=(2, 3))
+
+
+def _register(depth: int, params: str) -> None:
+    register_backbone(f"resnet{depth}", min_size=8, has_width=True,
+                      description=f"CIFAR ResNet{depth}, option-A shortcuts, {params} params at width 1 "
+                                  f"(He et al. 2016, §4.2)")(partial(CifarResNet, depth))
+
+
+for _depth, _params in ((20, "0.27M"), (32, "0.46M"), (44, "0.66M"), (56, "0.85M")):
+    _register(_depth, _params)

@@ -3,9 +3,11 @@ Fig. 5).
 
 A backbone maps a float (B, 3, S, S) batch to pooled (B, feature_dim) features; classifiers, projection and
 segmentation heads are built on top by their users from ``feature_dim``. The registry holds the paper's
-networks: the CIFAR ResNets with depth 20-56 and a width multiplier (:mod:`pretrain.resnet_cifar`),
-torchvision's ResNet18, and segmentation-models-pytorch's MobileNetV2 encoder, whose saved weights load
-straight into its DeepLabV3+ model. Any timm model is reachable as ``timm:<name>``.
+networks, one file each registering itself with :func:`register_backbone`: the CIFAR ResNets with depth
+20-56 and a width multiplier (:mod:`.cifar_resnet`), torchvision's ResNet18 (:mod:`.resnet18`) and
+segmentation-models-pytorch's MobileNetV2 encoder (:mod:`.mobilenet_v2`), whose saved weights load straight
+into its DeepLabV3+ model. Any timm model is reachable as ``timm:<name>``. torchvision, smp and timm are
+imported only when such a network is built, so naming the registry costs no start-up time.
 
 Nothing is ever downloaded: every network starts from random weights.
 """
@@ -17,13 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-import timm
 import torch
-import torchvision
-from segmentation_models_pytorch.encoders import encoders as smp_encoders
-from torch import Tensor, nn
+from torch import nn
 
-from .resnet_cifar import CifarResNet
+from fpsfl.base.registry import Registry
 
 TIMM_PREFIX = "timm:"  # ``timm:<name>`` builds timm.create_model(name, pretrained=False, num_classes=0)
 
@@ -50,61 +49,16 @@ class BackboneSpec:
         return f"sides of at least {self.min_size} px"
 
 
-def _resnet18(width: float) -> nn.Module:
-    """torchvision's ResNet18 with ``fc`` an identity: its keys are torchvision's minus ``fc.*``, so
-    torchvision ImageNet weights load with strict=False and only the fc keys unexpected."""
-    model = torchvision.models.resnet18(weights=None)
-    model.fc = nn.Identity()
-    model.feature_dim = model.inplanes  # 512: channels of layer4, pooled by the model's avgpool
-    return model
+BACKBONES: Registry[BackboneSpec] = Registry("backbone", discover="pretrain.backbones")
 
 
-_SMP_MOBILENET = smp_encoders["mobilenet_v2"]
-
-
-class MobileNetV2Backbone(_SMP_MOBILENET["encoder"]):
-    """segmentation-models-pytorch's MobileNetV2 encoder returning pooled last-stage features.
-
-    Its modules are the encoder's, so ``state_dict()`` has exactly the keys of
-    ``smp.DeepLabV3Plus(encoder_name="mobilenet_v2").encoder`` and loads there with strict=True.
-    """
-
-    def __init__(self):
-        super().__init__(**_SMP_MOBILENET["params"])
-        self.feature_dim: int = self._out_channels[-1]  # 1280: the final 1x1 convolution of MobileNetV2
-
-    def forward(self, x: Tensor) -> Tensor:  # (B, 3, S, S) -> (B, 1280)
-        return self.features(x).mean(dim=(2, 3))  # features: (B, 1280, S/32, S/32)
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """As the smp encoder (ImageNet classifier keys are dropped), but returning torch's missing and
-        unexpected keys, which smp's override discards."""
-        state_dict = {k: v for k, v in state_dict.items() if not k.startswith("classifier.")}
-        return nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)
-
-
-def _mobilenet_v2(width: float) -> nn.Module:
-    return MobileNetV2Backbone()
-
-
-def _cifar(depth: int, params: str) -> BackboneSpec:
-    return BackboneSpec(build=partial(CifarResNet, depth), min_size=8, size_multiple=1, has_width=True,
-                        description=f"CIFAR ResNet{depth}, option-A shortcuts, {params} params at width 1 "
-                                    f"(He et al. 2016, §4.2)")
-
-
-BACKBONES: dict[str, BackboneSpec] = {
-    "resnet20": _cifar(20, "0.27M"),
-    "resnet32": _cifar(32, "0.46M"),
-    "resnet44": _cifar(44, "0.66M"),
-    "resnet56": _cifar(56, "0.85M"),
-    "resnet18": BackboneSpec(build=_resnet18, min_size=32, size_multiple=1, has_width=False,
-                             description="torchvision ResNet18 without fc, 11.2M params (He et al. 2016)"),
-    # size_multiple 32 keeps the features aligned with the DeepLabV3+ decoder that reuses this encoder
-    "mobilenet_v2": BackboneSpec(build=_mobilenet_v2, min_size=32, size_multiple=32, has_width=False,
-                                 description="smp MobileNetV2 encoder of DeepLabV3+, 2.2M params "
-                                             "(Sandler et al. 2018)"),
-}
+def register_backbone(name: str, *, min_size: int, size_multiple: int = 1, has_width: bool = False,
+                      description: str) -> Callable:
+    """Decorator of a builder ``width -> module`` registering it as backbone ``name``."""
+    def add(build: Callable[[float], nn.Module]) -> Callable[[float], nn.Module]:
+        BACKBONES.register(BackboneSpec(build, min_size, size_multiple, has_width, description), name=name)
+        return build
+    return add
 
 
 def arch_names() -> list[str]:
@@ -113,6 +67,8 @@ def arch_names() -> list[str]:
 
 
 def _timm(name: str, width: float) -> nn.Module:
+    import timm
+
     model = timm.create_model(name, pretrained=False, num_classes=0)
     # num_classes=0 keeps timm's pooled pre-logits output: head_hidden_size wide where the head has a hidden
     # layer (MobileNetV3: 1024, while num_features is 576), num_features wide otherwise
@@ -125,6 +81,8 @@ def backbone_spec(arch: str) -> BackboneSpec:
     if arch in BACKBONES:
         return BACKBONES[arch]
     if arch.startswith(TIMM_PREFIX):
+        import timm
+
         name = arch[len(TIMM_PREFIX):]
         if not name or not timm.is_model(name):
             raise BackboneError(f"unknown timm model {name!r} in {arch!r}; see timm.list_models() for names")
