@@ -13,8 +13,8 @@ from PIL import Image
 
 from federated.cli import main
 from federated.datasets import DATASETS, DataConfig, DataError, keep_rows, load_dataset
+from federated.datasets.cityscapes import read_cityscapes
 from federated.experiment import FederateConfig
-from federated.loaders import read_cityscapes
 from federated.rounds import setup
 from federated.segmentation import confusion, iou_from_confusion
 from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint

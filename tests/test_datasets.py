@@ -17,8 +17,11 @@ from federated.datasets import (
     DataConfig,
     DataError,
     ImageData,
+    Loaded,
+    Preset,
     input_size_for,
     load_dataset,
+    register_dataset,
     split_validation,
 )
 
@@ -213,6 +216,44 @@ def test_every_dataset_loads_with_consistent_shapes(name, tmp_path, skip_md5):
         assert 0 <= int(labelled.min()) and int(labelled.max()) < data.n_classes == len(data.classes)
     if data.clients is not None:
         assert data.clients.dtype == torch.int64 and data.clients.shape == (len(data.train_y),)
+
+
+@pytest.mark.parametrize("name", sorted(DATASETS))
+def test_every_dataset_declares_its_preset(name):
+    preset = DATASETS[name].preset  # Table 9: no dataset falls back to another's recipe
+    assert isinstance(preset, Preset) and preset.lr > 0 and preset.batch_size > 0
+    assert preset.optimizer in {"sgd", "adam"} and isinstance(preset.algos, dict)
+
+
+def test_a_dataset_is_one_file():
+    """A reader with @register_dataset is all a new dataset needs: load_dataset, shapes and preset follow."""
+    preset = Preset(0.05, 4, "adam", {"fedprox": {"mu": 0.1}})
+
+    @register_dataset("toy", store_size=8, input_size=224, needs_root=False, description="random toy images",
+                      preset=preset, hflip=False)
+    def read_toy(cfg: DataConfig, stored: int) -> Loaded:
+        g = torch.Generator().manual_seed(cfg.seed)
+
+        def images(n: int) -> torch.Tensor:  # uint8 (n, stored, stored, 3)
+            return torch.randint(0, 256, (n, stored, stored, 3), dtype=torch.uint8, generator=g)
+
+        return Loaded(images(20), torch.arange(20) % 3, images(6), torch.arange(6) % 3, ["a", "b", "c"])
+
+    try:
+        assert read_toy.__name__ == "read_toy"  # the decorator returns the reader itself
+        data = load_dataset(DataConfig(name="toy", val_fraction=0.1))
+        assert data.train_x.shape == (18, 8, 8, 3) and data.train_x.dtype == torch.uint8
+        assert data.val_x.shape == (2, 8, 8, 3) and data.test_x.shape == (6, 8, 8, 3)
+        assert data.train_y.shape == (18,) and data.val_y.shape == (2,) and data.test_y.shape == (6,)
+        assert data.n_classes == 3 and data.classes == ["a", "b", "c"] and data.clients is None
+        assert data.input_size == 32 and data.hflip is False and data.task == "classification"  # 8 px <= 32
+        assert load_dataset(DataConfig(name="toy", store_size=64)).input_size == 224
+        spec = DATASETS["toy"]
+        assert spec.preset == preset and spec.default_partition == "dirichlet"
+        assert spec.default_arch == "resnet18"  # input_size 224 > 32 (§4.2)
+    finally:
+        DATASETS.unregister("toy")
+    assert "toy" not in DATASETS
 
 
 def test_input_size_rule():

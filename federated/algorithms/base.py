@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import Tensor, nn
 
+from fpsfl.base.settings import check
+
 from ..aggregate import State, split_state, weighted_average
 from ..task import Task
 from . import ALGORITHMS
@@ -26,7 +28,11 @@ from . import ALGORITHMS
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    """Hyperparameters of an algorithm; FedAvg has none."""
+    """Hyperparameters of an algorithm (``--set KEY=VALUE``); FedAvg has none. Fields made with
+    :func:`fpsfl.base.settings.setting` declare their range, checked here."""
+
+    def __post_init__(self) -> None:
+        check(self, style="key")
 
 
 @dataclass

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fpsfl.base.settings import setting
+
 from ..aggregate import State, server_momentum
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientResult, FedAvg
@@ -15,13 +17,11 @@ from .base import AlgoConfig, ClientResult, FedAvg
 
 @dataclass(frozen=True)
 class FedAvgMConfig(AlgoConfig):
-    beta: float = 0.9  # server momentum (Hsu et al. 2019 sweep; 0.9 is their common choice)
-    server_lr: float = 1.0  # server learning rate (Hsu et al. 2019: effective lr = server_lr / (1 - beta))
-    nesterov: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.beta < 1 or self.server_lr <= 0:
-            raise ValueError("fedavgm: beta must lie in [0, 1) and server_lr must be positive")
+    beta: float = setting(0.9, "server momentum (Hsu et al. 2019 sweep; 0.9 is their common choice)",
+                          within="[0, 1)")
+    server_lr: float = setting(1.0, "server learning rate (Hsu et al. 2019: effective lr = server_lr / "
+                                    "(1 - beta))", within="(0, inf)")
+    nesterov: bool = setting(False, "Nesterov form of the server momentum (as torch.optim.SGD)")
 
 
 @ALGORITHMS.register

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from fpsfl.base.settings import setting
+
 from ..aggregate import State, weighted_average
 from ..task import Task
 from . import ALGORITHMS
@@ -22,11 +24,8 @@ from .fedprox import proximal_term
 
 @dataclass(frozen=True)
 class FedDynConfig(AlgoConfig):
-    alpha: float = 0.01  # regularisation strength (Acar et al. 2021 use 0.01-0.1 on CIFAR)
-
-    def __post_init__(self) -> None:
-        if self.alpha <= 0:
-            raise ValueError(f"feddyn: alpha must be positive, got {self.alpha}")
+    alpha: float = setting(0.01, "regularisation strength (Acar et al. 2021 use 0.01-0.1 on CIFAR)",
+                           within="(0, inf)")
 
 
 @ALGORITHMS.register

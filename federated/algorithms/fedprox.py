@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from fpsfl.base.settings import setting
+
 from ..task import Task
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, FedAvg
@@ -16,11 +18,8 @@ from .base import AlgoConfig, ClientContext, FedAvg
 
 @dataclass(frozen=True)
 class FedProxConfig(AlgoConfig):
-    mu: float = 0.01  # proximal weight (NIID-Bench tunes mu in {0.001, 0.01, 0.1, 1})
-
-    def __post_init__(self) -> None:
-        if self.mu < 0:
-            raise ValueError(f"fedprox: mu must be >= 0, got {self.mu}")
+    mu: float = setting(0.01, "proximal weight (NIID-Bench tunes mu in {0.001, 0.01, 0.1, 1})",
+                        within="[0, inf)")
 
 
 def proximal_term(model: nn.Module, reference: nn.Module) -> Tensor:

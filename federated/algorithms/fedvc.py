@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fpsfl.base.settings import setting
+
 from ..aggregate import State, weighted_average
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientResult, FedAvg
@@ -23,12 +25,10 @@ from .base import AlgoConfig, ClientResult, FedAvg
 
 @dataclass(frozen=True)
 class FedVCConfig(AlgoConfig):
-    examples: int = 0  # examples per client per local epoch; 0: the mean client size (the balanced setting)
-    replacement: str = "auto"  # auto (only when a client is smaller) | always | never
-
-    def __post_init__(self) -> None:
-        if self.replacement not in ("auto", "always", "never") or self.examples < 0:
-            raise ValueError("fedvc: replacement must be auto, always or never and examples >= 0")
+    examples: int = setting(0, "examples per client per local epoch; 0: the mean client size (the balanced "
+                               "setting)", within="[0, inf)")
+    replacement: str = setting("auto", "draw with replacement: auto (only from a smaller client) | always | "
+                                       "never", choices=("auto", "always", "never"))
 
 
 @ALGORITHMS.register

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fpsfl.base.settings import setting
+
 from ..task import Task
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, FedAvg
@@ -24,13 +26,10 @@ from .base import AlgoConfig, ClientContext, FedAvg
 
 @dataclass(frozen=True)
 class MoonConfig(AlgoConfig):
-    mu: float = 1.0  # weight of the model-contrastive term (MOON: 1 for CIFAR-100/Tiny, 5 for CIFAR-10)
-    tau: float = 0.5  # temperature (MOON; Chen et al. Table 9)
-    proj_dim: int = 256  # projection head output (MOON: 2-layer MLP, 256-d)
-
-    def __post_init__(self) -> None:
-        if self.mu < 0 or self.tau <= 0 or self.proj_dim <= 0:
-            raise ValueError("moon: mu must be >= 0, tau and proj_dim positive")
+    mu: float = setting(1.0, "weight of the model-contrastive term (MOON: 1 for CIFAR-100/Tiny, 5 for "
+                             "CIFAR-10)", within="[0, inf)")
+    tau: float = setting(0.5, "temperature (MOON; Chen et al. Table 9)", within="(0, inf)")
+    proj_dim: int = setting(256, "projection head output (MOON: 2-layer MLP, 256-d)", within="[1, inf)")
 
 
 def moon_contrastive(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> Tensor:

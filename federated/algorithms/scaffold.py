@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fpsfl.base.settings import setting
+
 from ..aggregate import State, nova_norm
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, ClientResult, FedAvg
@@ -28,11 +30,8 @@ from .base import AlgoConfig, ClientContext, ClientResult, FedAvg
 
 @dataclass(frozen=True)
 class ScaffoldConfig(AlgoConfig):
-    steps: str = "momentum-aware"  # the step count of option II: momentum-aware (a(K, rho)) | plain (K)
-
-    def __post_init__(self) -> None:
-        if self.steps not in ("momentum-aware", "plain"):
-            raise ValueError(f"scaffold: steps must be momentum-aware or plain, got {self.steps!r}")
+    steps: str = setting("momentum-aware", "the step count of option II: momentum-aware (a(K, rho)) | plain "
+                                           "(K)", choices=("momentum-aware", "plain"))
 
 
 def _zeros_like(model: nn.Module) -> dict[str, torch.Tensor]:

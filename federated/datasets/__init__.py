@@ -6,6 +6,11 @@ upsampled to 32 px) is embedded, needs no files, and is the default for smoke ru
 segmentation task of Table 5 (DeepLabV3+ with MobileNetV2, 18 city clients, 768 px crops): its images are
 (N, H, W, 3) at a stored height H (1024 px, full resolution, by default) and its labels (N, H, W) train ids.
 
+A dataset is one module of this package (as timm's models): a reader ``read(cfg, stored) -> Loaded`` that
+carries ``@register_dataset(name, ...)`` with its sizes, description and Table-9 :class:`Preset`. The first
+lookup in :data:`DATASETS` imports every module here, so adding a dataset touches that one file; readers
+import torchvision, scikit-learn and the like only when called, so naming the registry stays cheap.
+
 :func:`load_dataset` returns an :class:`ImageData` held in memory as uint8 channels-last (N, S, S, 3) at the
 stored side S (32 px for CIFAR/digits, 64 px for folder datasets, to bound memory) with ``val_fraction`` of
 the training set held out (§4.2 reserves 2% for tuning). The model sees ``input_size`` px; the batch
@@ -19,27 +24,27 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from .loaders import (
-    DataError,
-    Loaded,
-    read_cifar,
-    read_cityscapes,
-    read_imagefolder,
-    read_inat_geo,
-    read_tinyimagenet,
-)
+from fpsfl.base.registry import Registry
 
-__all__ = ["DATASETS", "DataConfig", "DataError", "DatasetSpec", "ImageData", "input_size_for", "keep_rows",
-           "load_dataset", "split_validation"]
+from .decode import DataError, Loaded
+
+__all__ = ["DATASETS", "DataConfig", "DataError", "DatasetSpec", "ImageData", "Loaded", "Preset",
+           "input_size_for", "keep_rows", "load_dataset", "register_dataset", "split_validation"]
 
 SMALL_SIDE = 32  # px: stored images this small are trained at 32 px (CIFAR, §4.2)
-DIGITS_TEST = 0.2  # share of sklearn's 1,797 digits in the fixed test set
-DIGITS_LEVELS = 16  # sklearn's digits take values 0..16
+
+
+class Preset(NamedTuple):
+    """A dataset's local training recipe (Table 9); ``federate`` uses it unless --lr etc. are given."""
+
+    lr: float
+    batch_size: int
+    optimizer: str  # sgd (momentum, weight decay) | adam
+    algos: dict[str, dict[str, Any]] = {}  # algorithm settings this dataset changes (below --set); read-only
 
 
 @dataclass(frozen=True)
@@ -90,10 +95,30 @@ class DatasetSpec:
     input_size: int  # px, default model input side (Table 9 / §4.2 settings)
     needs_root: bool  # needs --data-root
     description: str  # one line: what and where the files are
+    preset: Preset  # lr, batch size, optimiser (Table 9) and the algorithm settings this dataset changes
     hflip: bool = True  # horizontal flips keep the label
     default_partition: str = "dirichlet"  # natural for datasets whose clients are given (iNat-GEO, cities)
     default_arch: str = "resnet20"  # §4.2: ResNet20 at 32 px, ResNet18 at 224 px; Table 5: MobileNetV2
     task: str = "classification"  # a key of federated.tasks.TASKS: classification | segmentation
+
+
+Reader = Callable[[DataConfig, int], Loaded]  # (config, stored side in px) -> arrays, no validation split
+
+DATASETS: Registry[DatasetSpec] = Registry("dataset", discover="federated.datasets")
+
+
+def register_dataset(name: str, *, store_size: int, input_size: int, needs_root: bool, description: str,
+                     preset: Preset, hflip: bool = True, default_partition: str = "dirichlet",
+                     default_arch: str | None = None,
+                     task: str = "classification") -> Callable[[Reader], Reader]:
+    """Decorator of a reader ``read(cfg, stored) -> Loaded`` registering it as dataset ``name``; the reader
+    is returned unchanged. ``default_arch`` None: ResNet20 up to 32 px inputs, ResNet18 above (§4.2)."""
+    def add(read: Reader) -> Reader:
+        spec = _spec(read, store_size, input_size, needs_root, description, preset, hflip, default_partition,
+                     default_arch, task)
+        DATASETS.register(spec, name=name)
+        return read
+    return add
 
 
 def input_size_for(default_input: int, stored: int) -> int:
@@ -110,26 +135,8 @@ def split_validation(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, 
     return perm[n_val:].sort().values, perm[:n_val].sort().values
 
 
-def _digits(size: int) -> Loaded:
-    """sklearn's 1,797 digits, upsampled (bilinear) to size px grey RGB, 0..255; a fixed stratified 80/20
-    split (seed 0 whatever the config's seed, so the test set never changes)."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x = torch.from_numpy(digits.images).float()[:, None] * (255 / DIGITS_LEVELS)  # (N, 1, 8, 8)
-    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-    x = x.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).expand(-1, -1, -1, 3).contiguous()
-    y = torch.from_numpy(digits.target.astype(np.int64))
-    train, test = train_test_split(np.arange(len(y)), test_size=DIGITS_TEST, stratify=digits.target,
-                                   random_state=0)
-    train, test = torch.from_numpy(np.sort(train)), torch.from_numpy(np.sort(test))
-    return Loaded(x[train], y[train], x[test], y[test], [str(d) for d in range(10)])
-
-
-def _spec(read: Callable[[DataConfig, int], Loaded], store_size: int, input_size: int, needs_root: bool,
-          description: str, hflip: bool = True, default_partition: str = "dirichlet",
-          default_arch: str | None = None, task: str = "classification") -> DatasetSpec:
+def _spec(read: Reader, store_size: int, input_size: int, needs_root: bool, description: str, preset: Preset,
+          hflip: bool, default_partition: str, default_arch: str | None, task: str) -> DatasetSpec:
     """A DatasetSpec whose load reads at the configured (or default) stored side, with an empty val split.
 
     Classification follows the small-side rule of :func:`input_size_for`; a segmentation input is a crop
@@ -145,38 +152,13 @@ def _spec(read: Callable[[DataConfig, int], Loaded], store_size: int, input_size
                          n_classes, data.classes, data.clients, model_input, hflip, task)
 
     arch = default_arch or ("resnet20" if input_size <= 32 else "resnet18")
-    return DatasetSpec(load, store_size, input_size, needs_root, description, hflip, default_partition, arch,
-                       task)
-
-
-DATASETS: dict[str, DatasetSpec] = {
-    "cifar10": _spec(lambda cfg, s: read_cifar("cifar10", cfg.root, s, cfg.download), 32, 32, True,
-                     "CIFAR-10: ROOT/cifar-10-batches-py/ (torchvision format; --download fetches it)"),
-    "cifar100": _spec(lambda cfg, s: read_cifar("cifar100", cfg.root, s, cfg.download), 32, 32, True,
-                      "CIFAR-100: ROOT/cifar-100-python/ (torchvision format; --download fetches it)"),
-    "tinyimagenet": _spec(lambda cfg, s: read_tinyimagenet(cfg.root, s), 64, 224, True,
-                          "Tiny-ImageNet: ROOT/tiny-imagenet-200/ (or that folder itself); val = test"),
-    "inat-geo": _spec(lambda cfg, s: read_inat_geo(cfg.root, cfg.split_csv, s), 64, 224, True,
-                      "iNaturalist-2017 images under ROOT with a GEO client split CSV (--split-csv)",
-                      default_partition="natural"),
-    "imagefolder": _spec(lambda cfg, s: read_imagefolder(cfg.root, s), 64, 224, True,
-                         "a labelled folder ROOT/train/<class>/ and ROOT/test/<class>/ (e.g. chest X-rays)"),
-    "digits": _spec(lambda cfg, s: _digits(s), 32, 32, False,
-                    "scikit-learn's 8x8 digits at 32 px, embedded (1,437 train / 360 test)", hflip=False),
-    # Table 5: stored at full resolution (1024 x 2048; 25 GB of train images + labels), 768 px crops
-    "cityscapes": _spec(lambda cfg, s: read_cityscapes(cfg.root, s), 1024, 768, True,
-                        "Cityscapes fine: ROOT/leftImg8bit/{train,val}/<city>/*_leftImg8bit.png and "
-                        "ROOT/gtFine/{train,val}/<city>/*_gtFine_labelIds.png; cities = clients, val = test; "
-                        "--store-size is the height (512 quarters the 25 GB)",
-                        default_partition="natural", default_arch="mobilenet_v2", task="segmentation"),
-}
+    return DatasetSpec(load, store_size, input_size, needs_root, description, preset, hflip,
+                       default_partition, arch, task)
 
 
 def load_dataset(cfg: DataConfig) -> ImageData:
     """The dataset of ``cfg`` in memory, ``val_fraction`` of the training set split off under ``seed``."""
-    spec = DATASETS.get(cfg.name)
-    if spec is None:
-        raise DataError(f"unknown dataset {cfg.name!r}; choose from {', '.join(DATASETS)}")
+    spec = DATASETS.lookup(cfg.name, DataError)  # "unknown dataset 'x'; choose from ..." as one line
     if spec.needs_root and not cfg.root:
         raise DataError(f"dataset {cfg.name!r} needs --data-root DIR: {spec.description}")
     data = spec.load(cfg)

@@ -1,0 +1,42 @@
+"""A labelled image folder ``ROOT/{train,test}/<class>/<image>``: the medical images (e.g. chest X-rays) of
+Chen et al., ICLR 2023, §4.5, fine-tuned at 224 px with ResNet18."""
+
+from __future__ import annotations
+
+import os
+
+from pretrain.folder import FolderConfig, FolderError, scan
+
+from . import DataConfig, Preset, register_dataset
+from .decode import DataError, Loaded, _labels, _require_dir, decode_images
+
+
+def read_imagefolder(root: str, size: int, workers: int | None = None) -> Loaded:
+    """``ROOT/{train,test}/<class>/<image>`` (e.g. chest X-rays, §4.5); classes: the sorted train folders."""
+    root = os.path.expanduser(root)
+    _require_dir(root, "imagefolder root (--data-root)")
+    for part in ("train", "test"):
+        _require_dir(os.path.join(root, part), f"imagefolder expects ROOT/{part}/<class>/<image>")
+    try:
+        parts = {part: scan(FolderConfig(root=os.path.join(root, part), size=size, labelled=True))
+                 for part in ("train", "test")}
+    except FolderError as e:
+        raise DataError(f"imagefolder: {e}") from e
+    (train_paths, train_labels, classes), (test_paths, test_labels, test_classes) = parts.values()
+    unknown = sorted(set(test_classes) - set(classes))
+    if unknown:
+        raise DataError(f"imagefolder: test classes without a train folder: {', '.join(unknown)}")
+    index = {name: i for i, name in enumerate(classes)}
+    test_labels = [index[test_classes[y]] for y in test_labels]  # the test folder may lack some classes
+    return Loaded(decode_images(train_paths, size, workers, "imagefolder train"), _labels(train_labels),
+                  decode_images(test_paths, size, workers, "imagefolder test"), _labels(test_labels), classes)
+
+
+@register_dataset(
+    "imagefolder", store_size=64, input_size=224, needs_root=True,
+    description="a labelled folder ROOT/train/<class>/ and ROOT/test/<class>/ (e.g. chest X-rays)",
+    preset=Preset(0.01, 32, "sgd"),
+)
+def imagefolder(cfg: DataConfig, stored: int) -> Loaded:
+    """The labelled folder ``cfg.root``; its preset is the Table 9 recipe of CIFAR and Tiny-ImageNet."""
+    return read_imagefolder(cfg.root, stored)

@@ -1,0 +1,62 @@
+"""Tiny-ImageNet (``tiny-imagenet-200/``, 200 classes of 64 px images): a 224 px ResNet18 dataset of Chen et
+al., ICLR 2023, §4.2 and Table 9; its labelled val split is our test set."""
+
+from __future__ import annotations
+
+import os
+
+from pretrain.folder import is_image
+
+from . import DataConfig, Preset, register_dataset
+from .decode import DataError, Loaded, _labels, _require_dir, decode_images
+
+
+def read_tinyimagenet(root: str, size: int, workers: int | None = None) -> Loaded:
+    """``tiny-imagenet-200/``: train/<wnid>/images/*.JPEG; its val split (val_annotations.txt) is our test.
+
+    ``root`` is the folder itself or its parent. Labels follow the order of wnids.txt; class names are wnids.
+    """
+    root = os.path.expanduser(root)
+    inside = os.path.isfile(os.path.join(root, "wnids.txt"))
+    base = root if inside else os.path.join(root, "tiny-imagenet-200")
+    if not os.path.isfile(os.path.join(base, "wnids.txt")):
+        raise DataError(f"tinyimagenet: no wnids.txt in {root!r} nor in {base!r}; unzip "
+                        f"tiny-imagenet-200.zip (http://cs231n.stanford.edu/tiny-imagenet-200.zip) there")
+    with open(os.path.join(base, "wnids.txt")) as f:
+        wnids = [line.strip() for line in f if line.strip()]
+    index = {w: i for i, w in enumerate(wnids)}
+    train_paths, train_labels = [], []
+    for i, wnid in enumerate(wnids):
+        folder = os.path.join(base, "train", wnid, "images")
+        _require_dir(folder, "tinyimagenet training images")
+        found = sorted(n for n in os.listdir(folder) if is_image(n))
+        if not found:
+            raise DataError(f"tinyimagenet: no images in {folder!r}")
+        train_paths += [os.path.join(folder, n) for n in found]
+        train_labels += [i] * len(found)
+    annotations = os.path.join(base, "val", "val_annotations.txt")
+    if not os.path.isfile(annotations):
+        raise DataError(f"tinyimagenet: {annotations!r} does not exist (it labels val/, our test set)")
+    test_paths, test_labels = [], []
+    with open(annotations) as f:
+        for n, line in enumerate(f, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) < 2 or fields[1] not in index:
+                raise DataError(f"tinyimagenet: {annotations}:{n}: expected 'FILE WNID ...' with a wnid of "
+                                f"wnids.txt, got {line.strip()!r}")
+            test_paths.append(os.path.join(base, "val", "images", fields[0]))
+            test_labels.append(index[fields[1]])
+    return Loaded(decode_images(train_paths, size, workers, "tinyimagenet train"), _labels(train_labels),
+                  decode_images(test_paths, size, workers, "tinyimagenet test"), _labels(test_labels), wnids)
+
+
+@register_dataset(
+    "tinyimagenet", store_size=64, input_size=224, needs_root=True,
+    description="Tiny-ImageNet: ROOT/tiny-imagenet-200/ (or that folder itself); val = test",
+    preset=Preset(0.01, 32, "sgd"),
+)
+def tinyimagenet(cfg: DataConfig, stored: int) -> Loaded:
+    """Tiny-ImageNet from ``cfg.root`` (the folder itself or its parent)."""
+    return read_tinyimagenet(cfg.root, stored)
