@@ -18,12 +18,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from federated.partitions import headline, headlines
+
 from .output import output_dir, write_json
 from .runs import AnalysisError, Run, load_runs
 
 MISSING = "–"
-# the partition setting that tells partitions of one name apart (only dirichlet's alpha in the paper)
-PARTITION_PARAMS = {"dirichlet": "alpha", "shards": "labels_per_client", "quantity": "beta", "noise": "noise"}
 # fields that never change what a run measures, so runs differing in them pool as seeds
 IGNORED = frozenset({"seed", "data_root", "download", "save_local_models", "tracking", "eval_local"})
 CL_IGNORED = IGNORED | {"algo", "algo_args", "participation"}  # a centralised run has no federation
@@ -91,7 +91,7 @@ def init_label(init: str) -> str:
 
 def setting_of(cfg: Any, centralised: bool = False) -> tuple[tuple[str, Any], ...]:
     """The setting a run belongs to, as (name, value) pairs; a centralised run has no algo/participation."""
-    param = PARTITION_PARAMS.get(cfg.partition)
+    param = headline(cfg.partition)  # the setting that tells splits apart (only alpha in the paper)
     pairs = [("dataset", cfg.dataset), ("arch", cfg.arch), ("width", cfg.width), ("partition", cfg.partition)]
     pairs += [(param, getattr(cfg, param))] if param else []
     pairs += [("clients", cfg.clients), ("participation", None if centralised else cfg.participation),
@@ -108,7 +108,7 @@ def _notes(cell: Cell, ignored: frozenset[str], where: str) -> list[str]:
     """Warnings about a cell that pools more than seeds: differing settings or repeated seeds."""
     fields = [vars(e.config) for e in cell.entries]
     first = fields[0]
-    moot = set(PARTITION_PARAMS.values()) - {PARTITION_PARAMS.get(first["partition"])}  # e.g. alpha for iid
+    moot = set(headlines().values()) - {headline(first["partition"])}  # e.g. alpha for iid
     ignored = ignored | moot
     differ = sorted(k for k in first if k not in ignored and any(f.get(k) != first[k] for f in fields))
     seeds = [e.config.seed for e in cell.entries]
@@ -156,7 +156,7 @@ def build_tables(entries: Sequence[tuple]) -> list[Table]:
 
 def heading(setting: dict[str, Any]) -> str:
     """A setting in one line, e.g. ``cifar10 · resnet20 ×1 · dirichlet alpha=0.3 · 10 clients · ...``."""
-    param = PARTITION_PARAMS.get(setting["partition"])
+    param = headline(setting["partition"])
     partition = f"{setting['partition']} {param}={setting[param]:g}" if param else setting["partition"]
     parts = [setting["dataset"], f"{setting['arch']} ×{setting['width']:g}", partition,
              f"{setting['clients']} clients"]

@@ -26,7 +26,7 @@ from .datasets import DATASETS, DataError
 from .experiment import PRESETS, FederateConfig
 from .initialisation import InitError
 from .local import DivergenceError
-from .partition import PARTITIONS, PartitionError
+from .partitions import PARTITIONS, PartitionError
 from .rounds import RunOptions, run
 from .tracking import AGGREGATIONS, TRACKS, TrackConfig, add_search_arguments, track_config
 

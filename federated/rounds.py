@@ -31,8 +31,7 @@ from .datasets import DataConfig, ImageData, load_dataset
 from .experiment import FederateConfig
 from .initialisation import check_init, init_sha256, initialise
 from .local import DivergenceError, local_train, make_optimizer
-from .partition import PartitionConfig, client_noise, default_min_size, partition
-from .partition_report import write_partition_report
+from .partitions import PartitionConfig, client_noise, default_min_size, partition, write_partition_report
 from .task import Task
 from .tasks import TASKS
 from .tracking import Tracker

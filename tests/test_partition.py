@@ -1,15 +1,32 @@
 """Non-IID partitions: every split covers each sample once, is seeded, meets min_size or says why."""
 
+import copy
 import json
+import pickle
 import time
+from dataclasses import FrozenInstanceError, dataclass
 
 import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from federated.partition import PARTITIONS, PartitionConfig, PartitionError, client_noise, partition, summary
-from federated.partition_report import indices_sha256, write_partition_report
+from federated.partitions import (
+    PARTITIONS,
+    Partition,
+    PartitionConfig,
+    PartitionError,
+    PartitionSettings,
+    client_noise,
+    default_min_size,
+    headlines,
+    indices_sha256,
+    partition,
+    setting_fields,
+    summary,
+    write_partition_report,
+)
+from fpsfl.base.settings import setting
 
 NAMES = list(PARTITIONS)
 
@@ -165,6 +182,10 @@ def test_natural_groups_ignore_clients_and_enforce_min_size():
     lambda: PartitionConfig(clients=0),
     lambda: PartitionConfig(min_size=-1),
     lambda: PartitionConfig(name="pathological"),
+    lambda: PartitionConfig(beta=float("inf")),
+    lambda: PartitionConfig(labels_per_client=2.5),
+    lambda: PartitionConfig(labels_per_client=0),
+    lambda: PartitionConfig(gamma=1.0),
     lambda: partition(np.zeros(5, np.int64), PartitionConfig(clients=10, min_size=0)),
     lambda: partition(np.zeros(50, np.int64), PartitionConfig(clients=10, min_size=6)),
     lambda: partition(np.zeros(50, np.int64), PartitionConfig(name="natural")),
@@ -208,3 +229,84 @@ def test_report_files(tmp_path, clients, classes):
         partition(labels, PartitionConfig(clients=clients, min_size=0, seed=1)))
     png = (tmp_path / "run" / "partition.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+
+
+@dataclass(frozen=True)
+class RoundRobinConfig(PartitionSettings):
+    offset: int = setting(0, "clients the deal is rotated by (a toy)", within="[0, inf)", group="partition")
+
+
+class RoundRobin(Partition):
+    """Sample i goes to client (i + offset) mod clients: a partition and its setting, in one class."""
+
+    name = "roundrobin"
+    Config = RoundRobinConfig
+
+    def split(self, labels, clients, rng):
+        owner = (np.arange(len(labels)) + self.cfg.offset) % clients
+        return [np.flatnonzero(owner == c).astype(np.int64) for c in range(clients)]
+
+
+@dataclass(frozen=True)
+class ClashConfig(PartitionSettings):
+    alpha: float = setting(1.0, "an alpha with another default than dirichlet's", within="(0, inf)")
+
+
+class Clash(RoundRobin):
+    name = "clash"
+    Config = ClashConfig
+
+
+@pytest.fixture
+def registered():
+    """Registers toy partitions for one test and always unregisters them."""
+    added = []
+
+    def register(cls):
+        PARTITIONS.register(cls)
+        added.append(cls.name)
+    try:
+        yield register
+    finally:
+        for name in added:
+            PARTITIONS.unregister(name)
+
+
+def test_a_partition_is_one_file(registered):
+    # Prepare
+    registered(RoundRobin)
+    labels = np.zeros(10, np.int64)
+    # Execute
+    cfg = PartitionConfig(name="roundrobin", clients=3, min_size=0, offset=1)
+    parts = partition(labels, cfg)
+    # Assert
+    assert [p.tolist() for p in parts] == [[2, 5, 8], [0, 3, 6, 9], [1, 4, 7]]
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
+    assert setting_fields()["offset"].metadata["within"] == "[0, inf)"
+    assert cfg.offset == 1 and cfg.own() == RoundRobinConfig(offset=1) and cfg.to_dict()["offset"] == 1
+    assert headlines()["roundrobin"] == "offset" and default_min_size("roundrobin") == 10
+    assert PartitionConfig().offset == 0  # every registered setting, its default filled
+    with pytest.raises(PartitionError, match="offset"):
+        PartitionConfig(offset=-1)  # validated whichever partition is chosen
+    assert client_noise(cfg, 2) == 0.0
+
+
+def test_two_partitions_may_not_give_one_setting_two_defaults(registered):
+    registered(Clash)
+    with pytest.raises(ValueError, match="alpha"):
+        setting_fields()
+
+
+def test_partition_config_is_a_flat_immutable_record():
+    cfg = PartitionConfig(name="shards", clients=4, labels_per_client=np.int64(3), seed=np.uint64(7))
+    assert cfg.labels_per_client == 3 and type(cfg.labels_per_client) is int and type(cfg.seed) is int
+    assert list(cfg.to_dict())[:2] == ["name", "clients"] and list(cfg.to_dict())[-3:] == [
+        "min_size", "max_redraws", "seed"]
+    assert set(cfg.settings) == set(setting_fields()) and cfg.own().labels_per_client == 3
+    assert cfg == PartitionConfig(**cfg.to_dict()) == copy.deepcopy(cfg) == pickle.loads(pickle.dumps(cfg))
+    assert hash(cfg) == hash(PartitionConfig(**cfg.to_dict())) and cfg != PartitionConfig(name="shards")
+    assert repr(cfg).startswith("PartitionConfig(name='shards', clients=4, ")
+    with pytest.raises(FrozenInstanceError):
+        cfg.alpha = 1.0
+    with pytest.raises(AttributeError):
+        _ = cfg.gamma

@@ -1,13 +1,12 @@
 """The partition as run-directory artifacts: ``partition.json`` and a clients x classes ``partition.png``.
 
-``partition.json`` holds the config, :func:`federated.partition.summary` (sizes, per-client class counts) and
-a sha256 of the index arrays, so two runs can be checked for the same split without storing the indices.
+``partition.json`` holds the config, :func:`federated.partitions.summary` (sizes, per-client class counts)
+and a sha256 of the index arrays, so two runs can be checked for the same split without storing the indices.
 Both files are written atomically (temporary file beside, then rename).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -19,9 +18,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import SymLogNorm
 from matplotlib.figure import Figure
 
-from .partition import PartitionConfig, client_noise, summary
+from .config import PartitionConfig, headline
+from .driver import client_noise, summary
 
-_PARAM = {"dirichlet": "alpha", "shards": "labels_per_client", "quantity": "beta", "noise": "noise"}
 _ANNOTATE_CELLS = 400  # write the count in each cell up to this many cells (e.g. 20 clients x 20 classes)
 
 
@@ -75,7 +74,7 @@ def partition_figure(counts: np.ndarray, cfg: PartitionConfig) -> Figure:
     ax.set_ylabel("client")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.yaxis.get_major_locator().set_params(integer=True)
-    param = _PARAM.get(cfg.name)
+    param = headline(cfg.name)
     detail = f", {param}={getattr(cfg, param)}" if param else ""
     ax.set_title(f"{cfg.name} partition{detail}: {clients} clients, {int(counts.sum())} samples")
     return fig
@@ -87,7 +86,7 @@ def write_partition_report(run_dir: Path, parts: list[np.ndarray], labels: np.nd
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     info = summary(parts, labels, n_classes)
-    record = {"config": dataclasses.asdict(cfg), "summary": info, "indices_sha256": indices_sha256(parts),
+    record = {"config": cfg.to_dict(), "summary": info, "indices_sha256": indices_sha256(parts),
               "client_noise": [client_noise(cfg, i) for i in range(len(parts))]}  # sigma, [0,1] pixel units
     _atomic_write(run_dir / "partition.json", lambda p: p.write_text(_dumps(record)))
     counts = np.asarray(info["class_counts"], dtype=np.int64).reshape(len(parts), n_classes)
