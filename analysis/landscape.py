@@ -12,7 +12,8 @@ on a grid of it:
 
 Every given model is projected onto the plane by least squares and marked. BatchNorm running statistics
 are part of the vector and are combined like the weights (the project's convention, see
-:mod:`analysis.evaluate`); a running variance that would become negative off the anchors is clamped to 0.
+:mod:`federated.oracle.evaluate`); a running variance that would become negative off the anchors is
+clamped to 0.
 With ``--bn-recompute`` they are left out of the vector and re-estimated on the training subset at every
 point instead. Integer entries (``num_batches_tracked``) are copied from the origin's model.
 """
@@ -32,10 +33,10 @@ from matplotlib.colors import LogNorm
 from torch import Tensor
 from tqdm import tqdm
 
+from federated.oracle.combine import State
+from federated.oracle.evaluate import Evaluator
 from fpsfl.base.cli import UsageError, positive
 
-from .combine import State
-from .evaluate import Evaluator
 from .output import new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild
 

@@ -2,7 +2,8 @@
 
 Chen et al., ICLR 2023, §6.2. Both read what ``federate --track convex,variance`` logged. A run that
 tracked nothing but kept client models (``--save-local-models``) is analysed from those instead, with the
-same code (:class:`federated.tracking.Tracker`). Both are oracle analyses on the test set, as in the paper.
+same code (:class:`federated.oracle.tracking.Tracker`). Both are oracle analyses on the test set, as in
+the paper.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 
 import numpy as np
 
-from federated.tracking import Tracker, add_search_arguments, track_config
+from federated.oracle.tracking import Tracker, add_search_arguments, track_config
 
 from .output import new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild

@@ -28,7 +28,8 @@ def split_state(state: State, params: Collection[str]) -> tuple[State, State]:
             {k: v for k, v in state.items() if k not in params})
 
 
-def _cast(value: Tensor, like: Tensor) -> Tensor:
+def cast_like(value: Tensor, like: Tensor) -> Tensor:
+    """An averaged entry back in ``like``'s dtype: integer buffers are rounded (the one buffer rule)."""
     return value.round().to(like.dtype) if not like.is_floating_point() else value.to(like.dtype)
 
 
@@ -47,7 +48,7 @@ def weighted_average(states: Sequence[State], weights: Sequence[float]) -> State
         acc = torch.zeros_like(ref, dtype=torch.float64 if ref.dtype == torch.float64 else torch.float32)
         for pi, state in zip(p, states, strict=True):
             acc.add_(state[key].to(acc.dtype), alpha=pi)
-        out[key] = _cast(acc, ref)
+        out[key] = cast_like(acc, ref)
     return out
 
 

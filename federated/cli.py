@@ -26,9 +26,9 @@ from .datasets import DATASETS, DataError
 from .experiment import PRESETS, FederateConfig
 from .initialisation import InitError
 from .local import DivergenceError
+from .oracle.tracking import AGGREGATIONS, TRACKS, TrackConfig, add_search_arguments, track_config
 from .partitions import PARTITIONS, PartitionError
 from .rounds import RunOptions, run
-from .tracking import AGGREGATIONS, TRACKS, TrackConfig, add_search_arguments, track_config
 
 
 def _rounds_list(text: str) -> tuple[int, ...]:

@@ -11,10 +11,10 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
-from pretrain.recipe import coerce
+from fpsfl.base.settings import coerce
 
 from .algorithms import ALGORITHMS, AlgoConfig
-from .tracking import TrackConfig
+from .oracle.tracking import TrackConfig
 
 
 class Preset(NamedTuple):

@@ -2,7 +2,7 @@
 
 Chen et al., ICLR 2023, §4.2 / Appendix B.1: SGD with momentum 0.9 and weight decay 1e-4 for E local
 epochs over the client's data in mini-batches. Data sit on the training device as uint8; each batch is
-indexed, augmented and normalised there (:mod:`federated.task`).
+indexed, augmented and normalised there (:mod:`federated.tasks`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .algorithms import ClientContext, FedAvg
-from .task import Task
+from .tasks import Task
 
 _CHECK_EVERY = 8  # steps between finiteness checks (each synchronises a GPU; NaN arithmetic is slow on CPU)
 

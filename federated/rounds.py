@@ -31,10 +31,9 @@ from .datasets import DataConfig, ImageData, load_dataset
 from .experiment import FederateConfig
 from .initialisation import check_init, init_sha256, initialise
 from .local import DivergenceError, local_train, make_optimizer
+from .oracle.tracking import Tracker
 from .partitions import PartitionConfig, client_noise, default_min_size, partition, write_partition_report
-from .task import Task
-from .tasks import TASKS
-from .tracking import Tracker
+from .tasks import TASKS, Task
 
 FINAL_FORMAT = "fpsfl-federated/1"
 DIVERGE_FACTOR = 100.0  # see check_divergence
@@ -122,7 +121,7 @@ def _bn_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
 def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, run: RunDir,
                 bar: tqdm | None, tracker: Tracker | None = None) -> dict:
     """One round: local training of the selected clients, aggregation, evaluation; returns its metrics.
-    ``tracker`` adds the analyses of :mod:`federated.tracking` (and may replace the aggregate)."""
+    ``tracker`` adds the analyses of :mod:`federated.oracle.tracking` (and may replace the aggregate)."""
     lr = lr_at(cfg, rnd)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, rnd, 0]))
     selected = s.algo.select(rng, cfg.participation)

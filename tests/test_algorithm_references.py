@@ -29,7 +29,7 @@ from federated.algorithms import ALGORITHMS
 from federated.datasets import ImageData
 from federated.experiment import FederateConfig
 from federated.rounds import Setup, train_round
-from federated.task import Classifier
+from federated.tasks import Classifier
 from fpsfl.base.rundir import RunDir
 
 torch.set_default_dtype(torch.float32)

@@ -13,7 +13,7 @@ from federated.datasets import ImageData
 from federated.experiment import FederateConfig
 from federated.local import local_train, make_optimizer
 from federated.rounds import RunOptions, _generators, lr_at, run, setup, train_round
-from federated.task import Classifier
+from federated.tasks import Classifier
 from fpsfl.base.rundir import RunDir
 
 N_CLASSES, SIDE = 4, 16

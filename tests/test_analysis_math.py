@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analysis.combine import combine, loss_summary, sample_simplex, stack_states
-from analysis.convex import ConvexConfig, loss_variance, optimal_convex
 from analysis.dynamics import gains
-from analysis.evaluate import Evaluator, recompute_bn
 from federated.aggregate import weighted_average
+from federated.oracle.combine import combine, loss_summary, sample_simplex, stack_states
+from federated.oracle.convex import ConvexConfig, loss_variance, optimal_convex
+from federated.oracle.evaluate import Evaluator, recompute_bn
 
 
 class LinearTask:

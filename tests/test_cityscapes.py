@@ -16,7 +16,7 @@ from federated.datasets import DATASETS, DataConfig, DataError, keep_rows, load_
 from federated.datasets.cityscapes import read_cityscapes
 from federated.experiment import FederateConfig
 from federated.rounds import setup
-from federated.segmentation import confusion, iou_from_confusion
+from federated.tasks.segmentation import confusion, iou_from_confusion
 from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
 from pretrain.backbones import create_backbone
 

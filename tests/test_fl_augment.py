@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from federated.augment import (
+from federated.tasks.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     TrainAugment,

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from federated.segmentation import IGNORE, SegmentationTask, resize_pair, scale_crop_flip
+from federated.tasks.segmentation import IGNORE, SegmentationTask, resize_pair, scale_crop_flip
 from pretrain.backbones import create_backbone
 
 

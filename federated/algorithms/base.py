@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from fpsfl.base.settings import check
 
 from ..aggregate import State, split_state, weighted_average
-from ..task import Task
+from ..tasks import Task
 from . import ALGORITHMS
 
 
@@ -60,7 +60,7 @@ class ClientResult:
 class FedAvg:
     name: ClassVar[str] = "fedavg"
     Config: ClassVar[type[AlgoConfig]] = AlgoConfig
-    requires: ClassVar[frozenset[str]] = frozenset()  # task capabilities it needs (see federated.task.Task)
+    requires: ClassVar[frozenset[str]] = frozenset()  # task capabilities it needs (see federated.tasks.Task)
 
     def __init__(self, cfg: AlgoConfig, client_sizes: list[int], class_counts: np.ndarray):
         self.cfg = cfg

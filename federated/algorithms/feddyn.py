@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from fpsfl.base.settings import setting
 
 from ..aggregate import State, weighted_average
-from ..task import Task
+from ..tasks import Task
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, ClientResult, FedAvg
 from .fedprox import proximal_term

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..task import Task
+from ..tasks import Task
 from . import ALGORITHMS
 from .base import ClientContext, FedAvg
 

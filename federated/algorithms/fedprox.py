@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from fpsfl.base.settings import setting
 
-from ..task import Task
+from ..tasks import Task
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, FedAvg
 

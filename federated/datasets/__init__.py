@@ -14,7 +14,8 @@ import torchvision, scikit-learn and the like only when called, so naming the re
 :func:`load_dataset` returns an :class:`ImageData` held in memory as uint8 channels-last (N, S, S, 3) at the
 stored side S (32 px for CIFAR/digits, 64 px for folder datasets, to bound memory) with ``val_fraction`` of
 the training set held out (§4.2 reserves 2% for tuning). The model sees ``input_size`` px; the batch
-augmentation of :mod:`federated.augment` crops and resizes on the device. The rule, shared by all datasets:
+augmentation of :mod:`federated.tasks.transforms` crops and resizes on the device. The rule, shared by all
+datasets:
 stored images of at most 32 px are trained at 32 px (the CIFAR recipe), larger ones at the dataset's input
 size (224 px for the ImageNet-style settings); the CLI may override it later.
 """

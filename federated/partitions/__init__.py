@@ -14,9 +14,9 @@ array per client, each sample in exactly one array. :func:`partition` validates,
 from __future__ import annotations
 
 from .base import DRAWN_MIN_SIZE, PARTITIONS, Partition, PartitionError, PartitionSettings
-from .config import PartitionConfig, default_min_size, headline, headlines, setting_fields
 from .driver import client_noise, partition, summary
 from .report import indices_sha256, partition_figure, write_partition_report
+from .request import PartitionConfig, default_min_size, headline, headlines, setting_fields
 
 __all__ = ["DRAWN_MIN_SIZE", "PARTITIONS", "Partition", "PartitionConfig", "PartitionError",
            "PartitionSettings", "client_noise", "default_min_size", "headline", "headlines", "indices_sha256",

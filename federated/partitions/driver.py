@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import PARTITIONS, Partition, PartitionError
-from .config import PartitionConfig
+from .request import PartitionConfig
 
 _SEED_TAG = 0x5041_5254  # "PART": keeps partition draws independent of other streams seeded with cfg.seed
 

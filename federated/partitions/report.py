@@ -14,12 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import SymLogNorm
-from matplotlib.figure import Figure
 
-from .config import PartitionConfig, headline
 from .driver import client_noise, summary
+from .request import PartitionConfig, headline
 
 _ANNOTATE_CELLS = 400  # write the count in each cell up to this many cells (e.g. 20 clients x 20 classes)
 
@@ -55,8 +52,13 @@ def _dumps(record: dict) -> str:
     return value(record, "") + "\n"
 
 
-def partition_figure(counts: np.ndarray, cfg: PartitionConfig) -> Figure:
+def partition_figure(counts: np.ndarray, cfg: PartitionConfig):
     """Heatmap of ``counts`` (clients, classes) on a symmetric-log colour scale (zero stays visible)."""
+    # matplotlib (~0.3 s) only when a run writes its report, not when federate starts or prints --help
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import SymLogNorm
+    from matplotlib.figure import Figure
+
     clients, classes = counts.shape
     size = (float(np.clip(2.5 + 0.4 * classes, 6, 16)), float(np.clip(1.8 + 0.3 * clients, 4, 12)))  # inches
     fig = Figure(figsize=size, layout="constrained")

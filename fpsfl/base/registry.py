@@ -45,7 +45,7 @@ class Registry(Mapping[str, T], Generic[T]):
         """The entry called ``name``, or one ``error`` line listing the known names."""
         self._discover()
         if name not in self._entries:
-            raise error(f"unknown {self.what} {name!r}; choose from {', '.join(self._entries)}")
+            raise error(f"unknown {self.what} {name!r}; choose from {', '.join(self)}")
         return self._entries[name]
 
     def _discover(self) -> None:
@@ -62,8 +62,9 @@ class Registry(Mapping[str, T], Generic[T]):
         return self._entries[name]
 
     def __iter__(self) -> Iterator[str]:
+        """Names in sorted order: the same whatever imported a plugin module first."""
         self._discover()
-        return iter(self._entries)
+        return iter(sorted(self._entries))
 
     def __len__(self) -> int:
         self._discover()

@@ -11,14 +11,15 @@ both prediction and ground truth is left out of the mean rather than counted as 
 
 from __future__ import annotations
 
-import segmentation_models_pytorch as smp
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpsfl.base.images import crop_theta
 
-from .augment import IMAGENET_MEAN, IMAGENET_STD, add_noise, normalise
+from . import TASKS
+from .base import Task
+from .transforms import IMAGENET_MEAN, IMAGENET_STD, add_noise, normalise
 
 IGNORE = 255  # Cityscapes' ignore train id
 SCALE_RANGE = (0.5, 2.0)  # random rescale of DeepLab training (Chen et al. 2018)
@@ -90,6 +91,8 @@ class SegmentationTask:
         self.n_classes, self.crop_size, self.eval_size = n_classes, crop_size, eval_size
 
     def build_model(self, backbone: nn.Module) -> nn.Module:
+        import segmentation_models_pytorch as smp  # here: smp loads timm and torchvision (~2 s)
+
         model = smp.DeepLabV3Plus(encoder_name="mobilenet_v2", encoder_weights=None, classes=self.n_classes,
                                   encoder_output_stride=16)
         model.encoder.load_state_dict(backbone.state_dict())  # the (possibly pre-trained) backbone's weights
@@ -137,3 +140,23 @@ class SegmentationTask:
         iou, miou, pixel_acc = iou_from_confusion(conf.cpu())
         return {"acc": miou, "loss": loss / max(len(x), 1), "miou": miou, "pixel_acc": pixel_acc,
                 "iou": [None if v != v else round(float(v), 5) for v in iou]}
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'1024x2048' (height x width) or '512' (square) -> (h, w)."""
+    parts = text.lower().split("x")
+    try:
+        h, w = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (0, 0)
+    except ValueError:
+        h = w = 0
+    if h <= 0 or w <= 0:
+        raise ValueError(f"--eval-size expects HxW such as 1024x2048, got {text!r}")
+    return h, w
+
+
+@TASKS.register(name="segmentation")
+def segmentation(data, cfg) -> Task:
+    """The task of a segmentation dataset: ``--crop-size`` crops, tested at ``--eval-size`` (or as stored)."""
+    native = tuple(data.test_y.shape[1:])
+    eval_size = parse_size(cfg.eval_size) if cfg.eval_size else native
+    return SegmentationTask(data.n_classes, cfg.crop_size or data.input_size, eval_size)

@@ -40,7 +40,7 @@ def recompute_bn(model: nn.Module, batches: Callable[[], list[Tensor]]) -> None:
 class Evaluator:
     """Loads a state into ``model`` and returns the task's metrics on (x, y), e.g. {"acc", "loss"}.
 
-    ``task`` is a :class:`federated.task.Task`; ``recompute`` (raw training images and labels) switches on
+    ``task`` is a :class:`federated.tasks.Task`; ``recompute`` (raw training images and labels) switches on
     the BatchNorm re-estimation described above.
     """
 

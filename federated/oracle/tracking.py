@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from analysis.combine import State, combine, loss_summary
-from analysis.convex import ConvexConfig, loss_variance, optimal_convex
-from analysis.evaluate import Evaluator
+from federated.oracle.combine import State, combine, loss_summary
+from federated.oracle.convex import ConvexConfig, loss_variance, optimal_convex
+from federated.oracle.evaluate import Evaluator
 
 TRACKS = ("convex", "variance")
 AGGREGATIONS = ("algo", "optimal-convex")
