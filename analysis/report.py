@@ -104,9 +104,16 @@ def _cl_key(setting: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]
     return tuple((k, None if k in ("algo", "participation") else v) for k, v in setting)
 
 
+def _flat(cfg: Any) -> dict[str, Any]:
+    """A config's settings by name, the partition settings among them (FederateConfig keeps those apart)."""
+    values = dict(vars(cfg))
+    partition = values.pop("partition_args", {})
+    return {**values, **partition}
+
+
 def _notes(cell: Cell, ignored: frozenset[str], where: str) -> list[str]:
     """Warnings about a cell that pools more than seeds: differing settings or repeated seeds."""
-    fields = [vars(e.config) for e in cell.entries]
+    fields = [_flat(e.config) for e in cell.entries]
     first = fields[0]
     moot = set(headlines().values()) - {headline(first["partition"])}  # e.g. alpha for iid
     ignored = ignored | moot

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from federated.experiment import FederateConfig
-from federated.rounds import Setup, resolve_device, setup
+from federated.setup import Setup, setup
 from fpsfl.base.checkpoint import load_weights_only
+from fpsfl.base.device import resolve_device
 from fpsfl.base.rundir import read_jsonl
 
 

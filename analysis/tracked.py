@@ -12,7 +12,8 @@ import argparse
 
 import numpy as np
 
-from federated.oracle.tracking import Tracker, add_search_arguments, track_config
+from federated.oracle.tracking import SEARCH, TrackConfig, Tracker
+from fpsfl.base.cli import add_settings, settings_from
 
 from .output import new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild
@@ -25,7 +26,7 @@ def _from_local_models(run: Run, kind: str, args: argparse.Namespace) -> list[di
         raise AnalysisError(f"{run.path} tracked no {kind} and saved no client models; re-run federate with "
                             f"--track {kind} --track-every K (or --save-local-models R1,R2)")
     s = rebuild(run, args.device)
-    cfg = track_config(args, track=(kind,), every=1)
+    cfg = TrackConfig(**settings_from(args, TrackConfig), track=(kind,), every=1)
     tracker = Tracker(cfg, s.model, s.task, s.data, run.config.seed)
     device = next(s.model.parameters()).device
     rows = []
@@ -121,8 +122,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default RUN/figures for one run, else ./analysis)")
     p.add_argument("--device", default="auto",
                    help="for runs analysed from saved client models (default auto)")
-    add_search_arguments(p.add_argument_group(
-        "for runs analysed from saved client models (--save-local-models) rather than tracked ones"))
+    group = p.add_argument_group("for runs analysed from saved client models (--save-local-models) rather "
+                                 "than tracked ones")
+    add_settings(group, TrackConfig, only=SEARCH)
 
 
 def register(sub) -> None:

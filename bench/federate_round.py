@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from federated.datasets import ImageData
-from federated.experiment import FederateConfig
-from federated.rounds import RunOptions, run
+from federated.experiment import FederateConfig, RunOptions
+from federated.runner import run
 from fpsfl.base.device import device_name
 
 

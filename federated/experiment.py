@@ -1,141 +1,159 @@
 """Typed configuration of a federated run, with the defaults of Chen et al., ICLR 2023 (§4.2, Table 9).
 
 The default setting is the paper's: 10 clients, Dir(alpha = 0.3), full participation, 5 local epochs,
-100 rounds, SGD with momentum 0.9 and weight decay 1e-4, learning rate x0.1 every 30 rounds. Learning rate
-and batch size come from a per-dataset preset (Table 9) unless given.
+100 rounds, SGD with momentum 0.9 and weight decay 1e-4, learning rate x0.1 every 30 rounds. Learning rate,
+batch size and optimiser come from the dataset's preset (Table 9, declared in the dataset's file), and so do
+its default partition and architecture.
+
+Every field carries its help, unit, source and range (:func:`fpsfl.base.settings.setting`): ``federate``'s
+flags are generated from them. The partitions' own settings (``--alpha``, ``--labels-per-client``, ...) are
+declared in each partition's file; :class:`FederateConfig` takes any registered partition's settings as
+keyword arguments, keeps them in ``partition_args`` and writes them flat in ``config.json``, as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
 
-from fpsfl.base.settings import coerce
+from fpsfl.base.cli import comma_list
+from fpsfl.base.rundir import RunFlags
+from fpsfl.base.settings import check, init_fields, override, setting
 
 from .algorithms import ALGORITHMS, AlgoConfig
+from .datasets import DATASETS, DataError, Preset
 from .oracle.tracking import TrackConfig
+from .partitions import PARTITIONS, PartitionConfig, PartitionError, default_min_size, setting_fields
 
 
-class Preset(NamedTuple):
-    lr: float
-    batch_size: int
-    optimizer: str  # sgd (momentum, weight decay) | adam
-    algos: dict[str, dict[str, Any]] = {}  # algorithm settings this dataset changes (below --set); read-only
+def _presets() -> str:
+    return ", ".join(f"{name} {spec.preset.lr:g}" for name, spec in DATASETS.items())
 
 
-# Table 9: local optimiser, learning rate and batch size per dataset
-PRESETS: dict[str, Preset] = {
-    "cifar10": Preset(0.01, 32, "sgd", {"moon": {"mu": 5.0}}),  # MOON's own CIFAR-10 mu (Li et al. 2021)
-    "cifar100": Preset(0.01, 32, "sgd"),
-    "tinyimagenet": Preset(0.01, 32, "sgd"), "inat-geo": Preset(0.1, 128, "sgd"),
-    "imagefolder": Preset(0.01, 32, "sgd"), "cityscapes": Preset(0.001, 16, "adam"),
-    # Not in the paper. A digits client holds ~140 images, so batch 32 would give ~4 local steps a round;
-    # batch 8 and lr 0.02 were picked by a small sweep on digits (lr 0.01-0.1, batch 8-32).
-    "digits": Preset(0.02, 8, "sgd"),
-}
-_FALLBACK = Preset(0.01, 32, "sgd")
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class FederateConfig:
     # data
-    dataset: str = "digits"  # embedded default; cifar10 | cifar100 | tinyimagenet | inat-geo | imagefolder
-    data_root: str | None = None
-    download: bool = False
-    split_csv: str | None = None  # inat-geo client split
-    store_size: int | None = None  # px images are held at; None: the dataset's default
-    input_size: int | None = None  # px the model sees; None: the dataset's default (32, or 224 above)
-    val_fraction: float = 0.02  # §4.2: 2% of the training set held out for tuning
+    dataset: str = setting("digits", lambda: " | ".join(DATASETS), group="data",
+                           default_text="digits, embedded, no download")
+    data_root: str | None = setting(None, "folder holding the dataset (see README: preparing datasets)",
+                                    group="data")
+    download: bool = setting(False, "let torchvision download CIFAR (needs a network)", group="data")
+    split_csv: str | None = setting(None, "inat-geo: the GEO-10K/GEO-3K client split CSV", group="data")
+    store_size: int | None = setting(None, "px side images are held at in memory", within="[1, inf)",
+                                     group="data", default_text="per dataset")
+    input_size: int | None = setting(None, "px side the model sees", within="[1, inf)", group="data",
+                                     default_text="32, or 224 for larger data")
+    val_fraction: float = setting(0.02, "held-out share of the training set (§4.2: 2% for tuning)",
+                                  within="[0, 0.5)", group="data")
     # partition
-    partition: str = "dirichlet"
-    clients: int = 10  # §4.2 default setting
-    alpha: float = 0.3  # §4.2 default setting: Dir(0.3)
-    labels_per_client: int = 2  # shards: #C = k (NIID-Bench)
-    beta: float = 0.5  # quantity skew Dir(beta) (NIID-Bench)
-    noise: float = 0.1  # noise partition: client i gets sigma * i / N, [0, 1] pixel units (NIID-Bench)
-    min_size: int | None = None  # samples per client at least; None: 10 (NIID-Bench), 1 for natural clients
+    partition: str | None = setting(None, lambda: " | ".join(PARTITIONS), group="partition",
+                                    default_text="natural for datasets with given clients (inat-geo, "
+                                                 "cityscapes), else dirichlet")
+    clients: int = setting(10, "number of clients (§4.2)", within="[1, inf)", group="partition")
+    min_size: int | None = setting(None, "samples every client must have", within="[1, inf)",
+                                   group="partition", default_text="10 (NIID-Bench); 1 for natural clients")
+    partition_args: dict[str, Any] = setting(default_factory=dict, cli=False)  # every partition's settings
     # federated training
-    algo: str = "fedavg"
-    algo_args: dict[str, Any] = field(default_factory=dict)  # --set overrides of the algorithm's config
-    participation: float = 1.0  # fraction of clients per round (§4.2 default: all)
-    rounds: int = 100  # §4.2
-    local_epochs: int = 5  # §4.2
-    lr: float | None = None  # None: the dataset preset (Table 9)
-    batch_size: int | None = None  # None: the dataset preset (Table 9)
-    optimizer: str | None = None  # sgd | adam; None: the dataset preset (Table 9: Adam for Cityscapes)
-    momentum: float = 0.9  # Appendix B.1
-    weight_decay: float = 1e-4  # Appendix B.1
-    lr_decay: float = 0.1  # multiplied every lr_decay_every rounds (Appendix B.1)
-    lr_decay_every: int = 30  # rounds (Appendix B.1)
-    bn: str = "global"  # global: BatchNorm statistics averaged like parameters; local: kept per client
-    centralized: bool = False  # train on the union of the clients instead (the CL baseline of ΔCL-FL)
+    algo: str = setting("fedavg", lambda: " | ".join(ALGORITHMS), group="federated training")
+    algo_args: dict[str, Any] = setting(default_factory=dict, cli=False)  # --set overrides
+    participation: float = setting(1.0, "fraction of clients a round (§4.2: all)", within="(0, 1]",
+                                   group="federated training")
+    rounds: int = setting(100, "communication rounds (§4.2)", within="[1, inf)", group="federated training")
+    local_epochs: int = setting(5, "local epochs a round (§4.2)", within="[1, inf)",
+                                group="federated training")
+    lr: float | None = setting(None, "local learning rate", within="(0, inf)", group="federated training",
+                               default_text="the dataset's Table-9 preset")
+    batch_size: int | None = setting(None, "local batch", within="[1, inf)", group="federated training",
+                                     default_text="the dataset's Table-9 preset, e.g. 32 for CIFAR")
+    optimizer: str | None = setting(None, "local optimiser", choices=("sgd", "adam"),
+                                    group="federated training",
+                                    default_text="the dataset's preset: adam for cityscapes, sgd otherwise")
+    momentum: float = setting(0.9, "local SGD momentum (Appendix B.1)", within="[0, 1)",
+                              group="federated training")
+    weight_decay: float = setting(1e-4, "local weight decay (Appendix B.1)", within="[0, inf)",
+                                  group="federated training")
+    lr_decay: float = setting(0.1, "lr factor every --lr-decay-every rounds (Appendix B.1)", within="(0, 1]",
+                              group="federated training")
+    lr_decay_every: int = setting(30, "rounds between lr decays (Appendix B.1)", within="[1, inf)",
+                                  group="federated training")
+    bn: str = setting("global", "global: BatchNorm statistics averaged like parameters; local: kept per "
+                                "client", choices=("global", "local"), group="federated training")
+    centralized: bool = setting(False, "train centrally on the union of the clients, rounds x local-epochs "
+                                       "epochs (the CL of ΔCL-FL, §4.2)", group="federated training")
+    # segmentation
+    crop_size: int | None = setting(None, "px of the square training crops", within="[1, inf)",
+                                    group="segmentation (cityscapes)", default_text="768, the paper's")
+    eval_size: str | None = setting(None, "HxW test resolution", group="segmentation (cityscapes)",
+                                    default_text="as stored; the paper's 1024x2048")
     # model
-    arch: str = "resnet20"  # §4.2: ResNet20 at 32 px, ResNet18 at 224 px
-    width: float = 1.0
-    init: str = "random"  # random | imagenet | a pretrain checkpoint path
-    init_format: str = "fpsfl"  # fpsfl | torchvision (a plain state dict, e.g. Places365)
-    crop_size: int | None = None  # segmentation: px of the square training crops (paper: 768)
-    eval_size: str | None = None  # segmentation: "HxW" test resolution; None: as stored (paper: 1024x2048)
-    seed: int = 0
-    eval_local: bool = True  # also test each local model before aggregation (the ΔL/ΔG analysis needs it)
-    save_local_models: tuple[int, ...] = ()  # rounds whose client models are kept for analysis
-    tracking: TrackConfig = field(default_factory=TrackConfig)  # per-round analyses (§6.2)
+    arch: str | None = setting(None, "backbone: see pretrain --help", group="model",
+                               default_text="resnet20 at 32 px, resnet18 at 224 px, mobilenet_v2 for "
+                                            "cityscapes, as in the paper")
+    width: float = setting(1.0, "CIFAR ResNet width multiplier (Fig. 5)", within="(0, inf)", group="model")
+    init: str = setting("random", "random | imagenet | fps-resnet20 (shipped) | PATH.ckpt from pretrain",
+                        group="model")
+    init_format: str = setting("fpsfl", "torchvision: --init is a plain state dict (e.g. Places365 weights)",
+                               choices=("fpsfl", "torchvision"), group="model")
+    # run
+    seed: int = setting(0, "seed of partition, init, sampling and data order", within="[0, inf)", group="run")
+    eval_local: bool = setting(True, "skip testing each local model before aggregation (faster; no local_acc "
+                                     "metric, which the ΔL/ΔG analysis needs)", flag="--no-eval-local",
+                               group="run")
+    save_local_models: tuple[int, ...] = setting((), "keep every client's model of these rounds (for "
+                                                     "analysis), e.g. 10,50", parse=comma_list(int),
+                                                 metavar="R1,R2", within="[1, inf)", group="run")
+    tracking: TrackConfig = setting(default_factory=TrackConfig, cli=False)  # per-round analyses (§6.2)
+
+    def __init__(self, **values: Any) -> None:
+        """Keyword arguments: the fields, plus any registered partition's settings (``alpha=0.1``), which
+        land in ``partition_args``; None for ``partition`` and ``arch`` means the dataset's default."""
+        known = setting_fields()
+        given = {**values.pop("partition_args", {}), **{k: values.pop(k) for k in list(values) if k in known}}
+        values["partition_args"] = {k: given.get(k, f.default) for k, f in known.items()} | given
+        init_fields(self, values)
+        spec = DATASETS.lookup(self.dataset, DataError)
+        if self.partition is None:
+            object.__setattr__(self, "partition", spec.default_partition)
+        if self.arch is None:
+            object.__setattr__(self, "arch", spec.default_arch)
+        self.__post_init__()
+
+    def __getattr__(self, name: str) -> Any:
+        """A partition setting (``cfg.alpha``), including one a plugin registered after this was built."""
+        if name.startswith("__") or name == "partition_args":
+            raise AttributeError(name)
+        known = setting_fields()
+        if name not in known:
+            raise AttributeError(f"{type(self).__name__} has no field or partition setting {name!r}")
+        return self.partition_args.get(name, known[name].default)
 
     def __post_init__(self) -> None:
-        checks = {
-            f"unknown algorithm {self.algo!r}; choose from {', '.join(ALGORITHMS)}": self.algo in ALGORITHMS,
-            f"--participation must lie in (0, 1], got {self.participation}": 0 < self.participation <= 1,
-            f"--alpha must be positive, got {self.alpha}": self.alpha > 0,
-            f"--beta must be positive, got {self.beta}": self.beta > 0,
-            f"--bn must be global or local, got {self.bn!r}": self.bn in ("global", "local"),
-            f"--init-format must be fpsfl or torchvision, got {self.init_format!r}":
-                self.init_format in ("fpsfl", "torchvision"),
-            "--val-fraction must lie in [0, 0.5)": 0 <= self.val_fraction < 0.5,
-            f"--optimizer must be sgd or adam, got {self.optimizer!r}":
-                self.optimizer in (None, "sgd", "adam"),
-            "--convex-data val needs a validation split; set --val-fraction above 0":
-                self.tracking.data != "val" or self.val_fraction > 0,
-        }
-        checks.update({
-            f"--lr-decay must lie in (0, 1], got {self.lr_decay}": 0 < self.lr_decay <= 1,
-            f"--momentum must lie in [0, 1), got {self.momentum}": 0 <= self.momentum < 1,
-            f"--weight-decay must be >= 0, got {self.weight_decay}": self.weight_decay >= 0,
-            f"--noise must be >= 0, got {self.noise}": self.noise >= 0,
-            f"--labels-per-client must be >= 1, got {self.labels_per_client}": self.labels_per_client >= 1,
-            f"--min-size must be >= 1, got {self.min_size}": self.min_size is None or self.min_size >= 1,
-            f"--width must be positive, got {self.width}": self.width > 0,
-            f"--seed must be >= 0, got {self.seed}": self.seed >= 0,
-            f"--save-local-models rounds must lie in 1..{self.rounds}, got {list(self.save_local_models)}":
-                all(1 <= r <= self.rounds for r in self.save_local_models),
-        })
-        for name in ("clients", "rounds", "local_epochs", "lr_decay_every"):
-            checks[f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"] = (
-                getattr(self, name) > 0)
-        for name in ("store_size", "input_size", "crop_size"):
-            value = getattr(self, name)
-            checks[f"--{name.replace('_', '-')} must be positive, got {value}"] = value is None or value > 0
-        for message, ok in checks.items():
-            if not ok:
-                raise ValueError(message)
-        if (self.lr is not None and self.lr <= 0) or (self.batch_size is not None and self.batch_size <= 0):
-            raise ValueError("--lr and --batch-size must be positive")
+        ALGORITHMS.lookup(self.algo)
+        PARTITIONS.lookup(self.partition, PartitionError)
+        check(self)
+        if self.save_local_models and max(self.save_local_models) > self.rounds:
+            raise ValueError(f"--save-local-models rounds must lie in 1..{self.rounds}, got "
+                             f"{list(self.save_local_models)}")
+        if self.tracking.data == "val" and self.val_fraction <= 0:
+            raise ValueError("--convex-data val needs a validation split; set --val-fraction above 0")
+        self.partition_config()
         self.algo_config()
+
+    def partition_config(self) -> PartitionConfig:
+        """The partition request of this run (validates the partitions' settings)."""
+        min_size = default_min_size(self.partition) if self.min_size is None else self.min_size
+        return PartitionConfig(name=self.partition, clients=self.clients, min_size=min_size, seed=self.seed,
+                               **self.partition_args)
 
     def algo_config(self) -> AlgoConfig:
         """The algorithm's config: its defaults, then the dataset preset's, then ``algo_args`` (--set)."""
-        cls = ALGORITHMS[self.algo].Config
-        known = {f.name for f in fields(cls)}
-        values = {}
-        for key, value in {**self.preset().algos.get(self.algo, {}), **self.algo_args}.items():
-            if key not in known:
-                raise ValueError(f"{self.algo} has no setting {key!r}"
-                                 + (f"; it has {', '.join(sorted(known))}" if known else "; it has none"))
-            values[key] = coerce(key, value, type(getattr(cls(), key)))
-        return cls(**values)
+        values = {**self.preset().algos.get(self.algo, {}), **self.algo_args}
+        return override(ALGORITHMS[self.algo].Config, values, self.algo)
 
     def preset(self) -> Preset:
-        return PRESETS.get(self.dataset, _FALLBACK)
+        return DATASETS[self.dataset].preset
 
     def resolved_lr(self) -> float:
         return self.lr if self.lr is not None else self.preset().lr
@@ -149,7 +167,7 @@ class FederateConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> FederateConfig:
         """The config a run directory's ``config.json`` holds (its ``to_dict``), rebuilt."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} | set(setting_fields())
         values = {k: v for k, v in values.items() if k in known}
         tracking = dict(values.pop("tracking", {}))
         tracking["track"] = tuple(tracking.get("track", ()))
@@ -157,5 +175,18 @@ class FederateConfig:
         return cls(**values, tracking=TrackConfig(**tracking))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "lr": self.resolved_lr(), "batch_size": self.resolved_batch(),
-                "optimizer": self.resolved_optimizer()}
+        """The fully resolved config (preset lr, batch and optimiser), partition settings flat."""
+        record = dataclasses.asdict(self)
+        record.pop("partition_args")
+        return {**record, **self.partition_args, "lr": self.resolved_lr(),
+                "batch_size": self.resolved_batch(), "optimizer": self.resolved_optimizer()}
+
+
+@dataclass(frozen=True)
+class RunOptions(RunFlags):
+    out: Path | None = setting(None, "run directory: config.json, metrics.jsonl, partition.json/.png, "
+                                     "state.pt, final.pt", parse=Path, group="run",
+                               default_text="runs/<dataset>-<partition>-<algo>-s<seed>")
+
+    def __post_init__(self) -> None:
+        check(self)

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from federated.algorithms import ALGORITHMS
 from federated.datasets import ImageData
 from federated.experiment import FederateConfig
-from federated.rounds import Setup, train_round
+from federated.rounds import train_round
+from federated.setup import Setup
 from federated.tasks import Classifier
 from fpsfl.base.rundir import RunDir
 

@@ -10,9 +10,11 @@ from federated.aggregate import fednova, nova_norm, server_momentum, weighted_av
 from federated.algorithms import ALGORITHMS, ClientContext, ClientResult
 from federated.algorithms.fedir import importance_weights
 from federated.datasets import ImageData
-from federated.experiment import FederateConfig
+from federated.experiment import FederateConfig, RunOptions
 from federated.local import local_train, make_optimizer
-from federated.rounds import RunOptions, _generators, lr_at, run, setup, train_round
+from federated.rounds import _generators, lr_at, train_round
+from federated.runner import run
+from federated.setup import setup
 from federated.tasks import Classifier
 from fpsfl.base.rundir import RunDir
 

@@ -10,9 +10,9 @@ from analysis.cli import main as analyze
 from analysis.output import DPI, FIGSIZE
 from federated.cli import main as federate
 from federated.datasets import DataConfig, load_dataset
-from federated.experiment import FederateConfig
+from federated.experiment import FederateConfig, RunOptions
 from federated.oracle.tracking import TrackConfig
-from federated.rounds import RunOptions, run
+from federated.runner import run
 
 TINY = ["--width", "0.25", "--clients", "3", "--local-epochs", "1", "--device", "cpu", "--quiet",
         "--alpha", "1.0", "--batch-size", "32", "--convex-epochs", "1", "--variance-samples", "20"]

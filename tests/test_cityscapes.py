@@ -15,7 +15,7 @@ from federated.cli import main
 from federated.datasets import DATASETS, DataConfig, DataError, keep_rows, load_dataset
 from federated.datasets.cityscapes import read_cityscapes
 from federated.experiment import FederateConfig
-from federated.rounds import setup
+from federated.setup import setup
 from federated.tasks.segmentation import confusion, iou_from_confusion
 from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
 from pretrain.backbones import create_backbone

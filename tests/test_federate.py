@@ -8,7 +8,7 @@ import torch
 from federated.cli import main
 from federated.experiment import FederateConfig
 from federated.initialisation import InitError, initialise
-from federated.rounds import setup
+from federated.setup import setup
 from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
 from pretrain.backbones import create_backbone
 

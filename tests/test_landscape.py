@@ -14,8 +14,8 @@ from analysis.cli import main
 from analysis.landscape import anchor_plane, flatten, pca_plane, project, random_plane, unflatten, vector_keys
 from analysis.output import DPI, FIGSIZE
 from federated.datasets import DataConfig, load_dataset
-from federated.experiment import FederateConfig
-from federated.rounds import RunOptions, run
+from federated.experiment import FederateConfig, RunOptions
+from federated.runner import run
 
 
 def _vectors(n, p=40, seed=0):

@@ -9,8 +9,8 @@ import pytest
 from analysis.cli import main
 from analysis.report import build_tables, init_label, to_json, to_markdown
 from federated.datasets import DataConfig, load_dataset
-from federated.experiment import FederateConfig
-from federated.rounds import RunOptions, run
+from federated.experiment import FederateConfig, RunOptions
+from federated.runner import run
 
 
 def _cfg(**kw):

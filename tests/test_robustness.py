@@ -20,10 +20,11 @@ import pytest
 import torch
 
 from analysis.cli import main as analyze
-from federated import rounds
+from federated import runner
+from federated import setup as fl_setup
 from federated.cli import main as federate
-from federated.experiment import FederateConfig
-from federated.rounds import RunOptions, run
+from federated.experiment import FederateConfig, RunOptions
+from federated.runner import run
 from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
 from fpsfl.base.rundir import CRASH_ENV, RunDir, RunDirError
 from pretrain.backbones import create_backbone
@@ -70,7 +71,7 @@ def no_data(monkeypatch):
     """Fail the test if the dataset is loaded: checks that must come first really do."""
     def refuse(*args, **kwargs):
         raise AssertionError("the dataset was loaded before the bad input was refused")
-    monkeypatch.setattr(rounds, "load_dataset", refuse)
+    monkeypatch.setattr(fl_setup, "load_dataset", refuse)
 
 
 def finished_run(tmp_path: Path, name: str = "run", extra=()) -> Path:
@@ -144,7 +145,7 @@ def test_03_resume_survives_a_moved_init_file_and_init_is_checked_before_the_dat
     assert federate([*map(str, args), "--init", str(b), "--resume"]) == 0  # the new path
     assert strip(metrics(tmp_path / "r")) == strip(metrics(full))
     capsys.readouterr()
-    monkeypatch.setattr(rounds, "load_dataset", lambda *a, **k: pytest.fail("data loaded before --init"))
+    monkeypatch.setattr(fl_setup, "load_dataset", lambda *a, **k: pytest.fail("data loaded before --init"))
     err = one_line_error(capsys, federate, ["--out", tmp_path / "n", *FED, "--init", tmp_path / "typo.ckpt"])
     assert "typo.ckpt" in err and not (tmp_path / "n").exists()
 
@@ -204,11 +205,11 @@ def test_05_a_finite_explosion_is_caught_as_divergence(tmp_path, capsys):
 
 
 def test_05_divergence_after_good_rounds_keeps_them(tmp_path, capsys, monkeypatch):
-    real = rounds.check_divergence
+    real = runner.check_divergence
 
     def explode_in_round_2(record, n_classes, norm0):
         real({**record, "test_loss": 1e18} if record["round"] == 2 else record, n_classes, norm0)
-    monkeypatch.setattr(rounds, "check_divergence", explode_in_round_2)
+    monkeypatch.setattr(runner, "check_divergence", explode_in_round_2)
     err = one_line_error(capsys, federate, ["--out", tmp_path / "r", *FED], code=1)
     assert "round 2" in err and "last good round (1) is kept" in err
     assert [r["round"] for r in metrics(tmp_path / "r")] == [1] and not (tmp_path / "r" / "final.pt").exists()

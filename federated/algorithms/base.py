@@ -1,9 +1,9 @@
 """FedAvg (McMahan et al. 2017) and the hooks every FedAvg-family algorithm overrides.
 
 Chen et al., ICLR 2023, §4.3 and Table 9 compare FedAvg with FedProx, FedDyn, MOON, SCAFFOLD and FedNova
-(here also FedAvgM, FedVC and FedIR). Like Flower's strategies, the round loop
-(:mod:`federated.rounds`) owns the orchestration and calls these hooks; an algorithm overrides only what
-it changes. Per-client and server state lives in the algorithm object and is saved with the round
+(here also FedAvgM, FedVC and FedIR). Like Flower's strategies, the round loop (:mod:`federated.rounds`,
+:mod:`federated.runner`) owns the orchestration and calls these hooks; an algorithm overrides only what it
+changes. Per-client and server state lives in the algorithm object and is saved with the round
 checkpoint through :meth:`FedAvg.state_dict`.
 
 The server side is split in two so that no algorithm can touch BatchNorm statistics by mistake:

@@ -15,16 +15,19 @@ the algorithm's own aggregate is still computed, so its server state stays updat
 
 from __future__ import annotations
 
-import argparse
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from federated.oracle.combine import State, combine, loss_summary
-from federated.oracle.convex import ConvexConfig, loss_variance, optimal_convex
-from federated.oracle.evaluate import Evaluator
+from fpsfl.base.cli import comma_list
+from fpsfl.base.settings import check, setting
+
+from .combine import State, combine, loss_summary
+from .convex import ConvexConfig, loss_variance, optimal_convex
+from .evaluate import Evaluator
 
 TRACKS = ("convex", "variance")
 AGGREGATIONS = ("algo", "optimal-convex")
@@ -32,32 +35,36 @@ AGGREGATIONS = ("algo", "optimal-convex")
 
 @dataclass(frozen=True)
 class TrackConfig:
-    track: tuple[str, ...] = ()  # analyses to log: convex, variance
-    every: int = 10  # rounds between tracked rounds
-    aggregation: str = "algo"  # algo: the algorithm's own; optimal-convex: lambda* every round (Fig. 7)
-    data: str = "test"  # test (the paper's oracle) | val: where the convex search looks
-    variance_samples: int = 300  # lambda draws per tracked round (§6.2, Fig. 8)
-    bn_recompute: bool = False  # re-estimate BatchNorm statistics of combined models on training data
-    bn_samples: int = 2000  # training images for that re-estimation
-    convex_lr: float = ConvexConfig.lr
-    convex_epochs: int = ConvexConfig.epochs
-    convex_batch: int = ConvexConfig.batch_size
-    convex_starts: int = ConvexConfig.random_starts
+    """What ``federate --track`` logs, and the settings of the convex search and the loss variance that
+    ``analyze convex|variance`` share (the ``search`` group)."""
+
+    track: tuple[str, ...] = setting((), f"log these analyses every --track-every rounds: "
+                                         f"{', '.join(TRACKS)}", parse=comma_list(str), metavar="A,B",
+                                     choices=TRACKS, group="tracking", default_text="none")
+    every: int = setting(10, "rounds between tracked rounds", flag="--track-every", within="[1, inf)",
+                         metavar="K", group="tracking")
+    aggregation: str = setting("algo", "algo: the algorithm's own aggregation; optimal-convex: aggregate "
+                                       "every round with the searched lambda* (oracle, Fig. 7's dashed "
+                                       "curves)", choices=AGGREGATIONS, group="tracking")
+    data: str = setting("test", "data of the convex search: test (the paper's oracle) or val",
+                        flag="--convex-data", choices=("test", "val"), group="search")
+    variance_samples: int = setting(300, "lambda ~ Dirichlet(1) draws per tracked round (§6.2, Fig. 8: the "
+                                         "paper's 300)", within="[1, inf)", group="search")
+    bn_recompute: bool = setting(False, "re-estimate combined models' BatchNorm statistics on 2,000 training "
+                                        "images instead of averaging them (slower)", group="search")
+    bn_samples: int = setting(2000, cli=False)  # training images for that re-estimation
+    convex_lr: float = setting(ConvexConfig.lr, "SGD lr of the search on w, lambda = softmax(w) (Appendix "
+                                                "C.2)", within="(0, inf)", group="search")
+    convex_epochs: int = setting(ConvexConfig.epochs, "search epochs over its data (Appendix C.2)",
+                                 within="[1, inf)", group="search")
+    convex_batch: int = setting(ConvexConfig.batch_size, "search batch size (Appendix C.2)",
+                                within="[1, inf)", group="search")
+    convex_starts: int = setting(ConvexConfig.random_starts, "Dirichlet(1) starts besides uniform and "
+                                                             "FedAvg's weights", within="[0, inf)",
+                                 group="search")
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.track) - set(TRACKS))
-        checks = {
-            f"unknown --track {', '.join(unknown)}; choose from {', '.join(TRACKS)}": not unknown,
-            f"--aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}":
-                self.aggregation in AGGREGATIONS,
-            f"--convex-data must be test or val, got {self.data!r}": self.data in ("test", "val"),
-            "--track-every, --variance-samples, --convex-epochs and --convex-batch must be positive":
-                min(self.every, self.variance_samples, self.convex_epochs, self.convex_batch) > 0,
-            "--convex-lr must be positive": self.convex_lr > 0,
-        }
-        for message, ok in checks.items():
-            if not ok:
-                raise ValueError(message)
+        check(self)
 
     @property
     def active(self) -> bool:
@@ -121,28 +128,5 @@ class Tracker:
         return record, override
 
 
-def add_search_arguments(group) -> None:
-    """The flags of the convex search and the variance sampling (shared by federate and analyze)."""
-    group.add_argument("--convex-data", choices=("test", "val"), default="test",
-                       help="data of the convex search: test (the paper's oracle, default) or val")
-    group.add_argument("--variance-samples", type=int, default=300,
-                       help="lambda ~ Dirichlet(1) draws per tracked round (default 300, the paper's)")
-    group.add_argument("--convex-lr", type=float, default=TrackConfig.convex_lr,
-                       help="SGD lr of the search on w, lambda = softmax(w) (default 1e-5, the paper's)")
-    group.add_argument("--convex-epochs", type=int, default=TrackConfig.convex_epochs,
-                       help="search epochs over its data (default 20, the paper's)")
-    group.add_argument("--convex-batch", type=int, default=TrackConfig.convex_batch,
-                       help="search batch size (default 32, the paper's)")
-    group.add_argument("--convex-starts", type=int, default=TrackConfig.convex_starts,
-                       help="Dirichlet(1) starts besides uniform and FedAvg's weights (default 2)")
-    group.add_argument("--bn-recompute", action="store_true",
-                       help="re-estimate combined models' BatchNorm statistics on 2,000 training images "
-                       "instead of averaging them (slower)")
-
-
-def track_config(args: argparse.Namespace, **fields) -> TrackConfig:
-    """The TrackConfig of parsed :func:`add_search_arguments` flags plus ``fields``."""
-    return TrackConfig(data=args.convex_data, variance_samples=args.variance_samples,
-                       bn_recompute=args.bn_recompute, convex_lr=args.convex_lr,
-                       convex_epochs=args.convex_epochs, convex_batch=args.convex_batch,
-                       convex_starts=args.convex_starts, **fields)
+# the settings of the convex search and the loss variance, which analyze convex|variance share
+SEARCH = tuple(f.name for f in dataclasses.fields(TrackConfig) if f.metadata.get("group") == "search")

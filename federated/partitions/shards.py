@@ -15,7 +15,7 @@ from .common import _by_class, _even, _parts
 @dataclass(frozen=True)
 class ShardsConfig(PartitionSettings):
     labels_per_client: int = setting(2, "distinct labels each client holds, #C = k (NIID-Bench label skew "
-                                     "uses 1, 2, 3; default 2)", within="[1, inf)", group="partition")
+                                     "uses 1, 2, 3)", within="[1, inf)", group="partition")
 
 
 @PARTITIONS.register

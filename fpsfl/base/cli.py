@@ -92,6 +92,10 @@ def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
 
 
 def _help(f: dataclasses.Field) -> str:
+    return _help_text(f).replace("%", "%%")  # argparse %-formats help strings
+
+
+def _help_text(f: dataclasses.Field) -> str:
     meta = f.metadata
     text = meta["help"]() if callable(meta["help"]) else meta["help"]
     if meta.get("default_text"):

@@ -134,6 +134,17 @@ def override(cls: type, values: Mapping[str, Any], owner: str) -> Any:
         raise ValueError(f"{owner}: {exc}") from None
 
 
+def init_fields(obj: Any, values: Mapping[str, Any]) -> None:
+    """Set every field of the frozen dataclass ``obj`` from ``values`` or its default: the body of a
+    hand-written ``__init__`` (for configs that also accept keyword settings of plugins)."""
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(obj)})
+    if unknown:
+        raise TypeError(f"{type(obj).__name__} got unexpected settings: {', '.join(unknown)}")
+    default = defaults(type(obj))
+    for f in dataclasses.fields(obj):
+        object.__setattr__(obj, f.name, values[f.name] if f.name in values else default[f.name])
+
+
 def defaults(cls: type) -> dict[str, Any]:
     """Each field's default value (``default_factory`` called)."""
     out = {}

@@ -1,0 +1,138 @@
+"""A federated run from start to finish, or resumed (Chen et al., ICLR 2023, §4.2-4.4).
+
+After every round a metrics line and the round state (global model + algorithm state) are written, so a
+killed run continues with ``--resume`` and ends with the same metrics; the run directory is locked for the
+whole run (:class:`fpsfl.base.rundir.RunDir`), and a round whose loss or weights explode stops it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from fpsfl.base.checkpoint import atomic_save, plain
+from fpsfl.base.device import resolve_device
+from fpsfl.base.rundir import RunDir, RunDirError
+
+from .algorithms import ALGORITHMS
+from .datasets import ImageData
+from .experiment import FederateConfig, RunOptions
+from .initialisation import check_init, init_sha256
+from .local import DivergenceError, make_optimizer
+from .oracle.tracking import Tracker
+from .rounds import centralized_round, train_round
+from .setup import Setup, setup, write_partition
+
+FINAL_FORMAT = "fpsfl-federated/1"
+DIVERGE_FACTOR = 100.0  # see check_divergence
+
+
+def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) -> list[dict]:
+    """Run (or resume) a simulation into ``opts.out``; returns all metrics rows. ``data`` replaces the
+    configured dataset (tests). The run directory is locked for the whole run (:class:`RunDir`)."""
+    device = resolve_device(opts.device)
+    rundir = RunDir(opts.out)
+    with rundir.session(opts.resume):  # before the (slow) data loading, and before anything is written
+        if not opts.resume:
+            check_init(cfg.arch, cfg.width, cfg.init, cfg.init_format)  # a bad --init fails before the data
+        s = setup(cfg, device, data, load_init=not opts.resume)  # a resumed run's model is in state.pt
+        return _rounds(s, cfg, opts, rundir, device)
+
+
+def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir,
+            device: torch.device) -> list[dict]:
+    config = {"federate": cfg.to_dict(), "algo": plain(vars(s.algo.cfg)),
+              "init_sha256": init_sha256(cfg.init)}
+    optimizer = make_optimizer(s.model, cfg.resolved_optimizer(), cfg.resolved_lr(), cfg.momentum,
+                               cfg.weight_decay)
+    if opts.resume:
+        state = _load_resumable(rundir, config, cfg)
+        s.model.load_state_dict(state["model"])
+        s.algo.load_state_dict(state["algo"])
+        if cfg.centralized:
+            optimizer.load_state_dict(state["optimizer"])
+        start, norm0 = int(state["done"]), float(state["norm0"])
+    else:
+        rundir.create(config, opts)
+        start, norm0 = 0, param_norm(s.model)
+    write_partition(rundir.path, cfg, s)
+    if opts.progress:
+        tqdm.write(f"init: {s.init_report}")
+    if cfg.centralized and type(s.algo) is not ALGORITHMS[cfg.algo]:
+        print(f"federate: note: --centralized trains plain SGD on the pooled data; {cfg.algo}'s client and "
+              f"server steps do not apply to it", file=sys.stderr)
+    tracker = (Tracker(cfg.tracking, s.model, s.task, s.data, cfg.seed)
+               if cfg.tracking.active and not cfg.centralized else None)
+    bar = tqdm(total=cfg.rounds, initial=start, desc="centralised" if cfg.centralized else "rounds",
+               unit="round", disable=not opts.progress, dynamic_ncols=True)
+    for rnd in range(start, cfg.rounds):
+        if opts.stop_after is not None and rnd - start >= opts.stop_after:
+            break
+        t0 = time.perf_counter()
+        try:
+            record = (centralized_round(s, cfg, rnd, device, optimizer) if cfg.centralized
+                      else train_round(s, cfg, rnd, device, rundir, bar, tracker))
+            record["weight_norm"] = param_norm(s.model)
+            check_divergence(record, s.task.n_classes, norm0)
+        except DivergenceError as exc:
+            bar.close()
+            kept = (f"the last good round ({rnd}) is kept in {rundir.path}" if rnd else
+                    f"no round finished, so {rundir.path} is left as it was")
+            raise DivergenceError(f"round {rnd + 1}: {exc}; {kept} (try a lower --lr)") from None
+        record["seconds"] = time.perf_counter() - t0
+        rundir.append_metrics(record)
+        state = {"done": rnd + 1, "model": s.model.state_dict(), "algo": s.algo.state_dict(), "norm0": norm0}
+        if cfg.centralized:
+            state["optimizer"] = optimizer.state_dict()
+        rundir.save_state(state)
+        bar.set_postfix(acc=f"{record['test_acc']:.3f}")
+        bar.update(1)
+    bar.close()
+    rows = rundir.metrics()
+    if rows and rows[-1]["round"] == cfg.rounds:
+        final = {"format": FINAL_FORMAT, "arch": cfg.arch, "width": cfg.width, "n_classes": s.task.n_classes,
+                 "config": plain(config), "model": {k: v.cpu() for k, v in s.model.state_dict().items()}}
+        atomic_save(final, rundir.path / "final.pt")
+    return rows
+
+
+def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:
+    """The saved state, once the settings match the saved ones. The --init path is not compared (the
+    state holds the model): a moved init file resumes, a different file with the same name does not."""
+    saved, mine = rundir.saved_config(), plain(config)
+    for part in ("federate", "algo"):
+        a, b = dict(saved.get(part) or {}), dict(mine[part])
+        a.pop("init", None), b.pop("init", None)
+        if a != b:
+            changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            raise RunDirError(f"--resume: {', '.join(changed)} differ(s) from the run in "
+                              f"{rundir.config_path}; resume with the same settings or start a new run")
+    recorded, now = saved.get("init_sha256"), mine["init_sha256"]
+    if recorded and now and recorded != now:
+        raise RunDirError(f"--resume: --init {cfg.init} is not the file this run started from (its sha256 "
+                          f"differs from the one in {rundir.config_path})")
+    return rundir.load_state(config, compare=())
+
+
+def param_norm(model: nn.Module) -> float:
+    """The L2 norm of all trainable parameters (float64)."""
+    return float(torch.sqrt(sum(p.detach().double().pow(2).sum() for p in model.parameters())))
+
+
+def check_divergence(record: dict, n_classes: int, norm0: float) -> None:
+    """A round diverged when its test loss is non-finite or DIVERGE_FACTOR times a uniform guess's
+    (log C), or when the weights' norm is non-finite or DIVERGE_FACTOR times the initial norm: a loss that
+    explodes can stay finite for many rounds (lr 50 on digits reached 1e20) and never recover."""
+    uniform = math.log(max(n_classes, 2))
+    loss, norm = record["test_loss"], record["weight_norm"]
+    if not math.isfinite(loss) or loss > DIVERGE_FACTOR * uniform:
+        raise DivergenceError(f"the test loss became {loss:.3g} (a uniform guess has {uniform:.2f}): the "
+                              f"training diverged")
+    if not math.isfinite(norm) or norm > DIVERGE_FACTOR * norm0:
+        raise DivergenceError(f"the weight norm became {norm:.3g}, {norm / norm0:.0f}x its initial "
+                              f"{norm0:.3g}: the training diverged")
