@@ -76,25 +76,11 @@ def _holdout(keys: list[str], clients: list[str]) -> list[bool]:
     return test
 
 
-def read_inat_geo(root: str, split_csv: str | None, size: int, workers: int | None = None) -> Loaded:
-    """iNaturalist-2017 images under ``root`` with the client split of ``split_csv`` (GEO-10K / GEO-3K).
-
-    The CSV header names a client column (client_id, client, user_id, user), an image column (a path
-    relative to root, or an image id = file stem: image_path, path, image, image_id, file, filename) and a
-    label column (class, class_id, label, target). A ``split``/``partition`` column with values train/test
-    picks the test rows; without one, a deterministic 10% of each client's images (see :func:`_holdout`) is
-    the test set. Clients are natural: their ids are mapped to 0..K-1 in sorted order.
-
-    Memory: images are held at ``size`` px, 3 S^2 bytes each: 1.2 GB per 100K images at 64 px (the
-    default), 0.3 GB at 32 px, 15 GB at 224 px.
-    """
-    if not split_csv:
-        raise DataError("inat-geo needs the client split CSV (--split-csv), e.g. Hsu et al.'s "
-                        "federated_train_geo_*.csv from inaturalist-geo.zip")
+def _read_split(split_csv: str) -> tuple[list[str], list[str], list[int], list[str], list[bool]]:
+    """(client of each row, image of each row, label id of each row, class names, whether each row is a
+    test row) of the split CSV; see :func:`read_inat_geo` for the columns it accepts."""
     if not os.path.isfile(split_csv):
         raise DataError(f"inat-geo: split CSV {split_csv!r} does not exist")
-    root = os.path.expanduser(root)
-    _require_dir(root, "inat-geo image root (--data-root)")
     with open(split_csv, newline="") as f:
         reader = csv.reader(f)
         header = [h.strip().lower() for h in next(reader, [])]
@@ -116,13 +102,32 @@ def read_inat_geo(root: str, split_csv: str | None, size: int, workers: int | No
             raise DataError(f"inat-geo: {split_csv!r} has rows with an empty {name!r}")
     clients, images, (labels, classes) = col(client_col), col(image_col), _label_ids(col(label_col))
     if split_col is None:
-        test = _holdout(images, clients)
-    else:
-        split = [v.lower() for v in col(split_col)]
-        if set(split) - {"train", "test"}:
-            raise DataError(f"inat-geo: the {split_col!r} column must hold train or test, got "
-                            f"{sorted(set(split) - {'train', 'test'})[:3]}")
-        test = [v == "test" for v in split]
+        return clients, images, labels, classes, _holdout(images, clients)
+    split = [v.lower() for v in col(split_col)]
+    if set(split) - {"train", "test"}:
+        raise DataError(f"inat-geo: the {split_col!r} column must hold train or test, got "
+                        f"{sorted(set(split) - {'train', 'test'})[:3]}")
+    return clients, images, labels, classes, [v == "test" for v in split]
+
+
+def read_inat_geo(root: str, split_csv: str | None, size: int, workers: int | None = None) -> Loaded:
+    """iNaturalist-2017 images under ``root`` with the client split of ``split_csv`` (GEO-10K / GEO-3K).
+
+    The CSV header names a client column (client_id, client, user_id, user), an image column (a path
+    relative to root, or an image id = file stem: image_path, path, image, image_id, file, filename) and a
+    label column (class, class_id, label, target). A ``split``/``partition`` column with values train/test
+    picks the test rows; without one, a deterministic 10% of each client's images (see :func:`_holdout`) is
+    the test set. Clients are natural: their ids are mapped to 0..K-1 in sorted order.
+
+    Memory: images are held at ``size`` px, 3 S^2 bytes each: 1.2 GB per 100K images at 64 px (the
+    default), 0.3 GB at 32 px, 15 GB at 224 px.
+    """
+    if not split_csv:
+        raise DataError("inat-geo needs the client split CSV (--split-csv), e.g. Hsu et al.'s "
+                        "federated_train_geo_*.csv from inaturalist-geo.zip")
+    root = os.path.expanduser(root)
+    _require_dir(root, "inat-geo image root (--data-root)")
+    clients, images, labels, classes, test = _read_split(split_csv)
     find = _image_finder(root)
     paths = [find(v) for v in images]
     missing = [v for v, p in zip(images, paths, strict=True) if p is None]

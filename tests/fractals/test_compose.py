@@ -6,7 +6,7 @@ import torch
 from matplotlib.colors import hsv_to_rgb
 
 from fractals import compose as C
-from tests import reference as ref
+from tests.fractals import reference as ref
 
 
 def test_hsv_matches_matplotlib():

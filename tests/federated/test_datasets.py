@@ -185,7 +185,7 @@ def _build_imagefolder(tmp_path):
 
 
 def _build_cityscapes(tmp_path):
-    from tests.test_cityscapes import write_cityscapes
+    from tests.federated.test_cityscapes import write_cityscapes
 
     write_cityscapes(tmp_path)
     return DataConfig("cityscapes", root=str(tmp_path), store_size=32)

@@ -5,7 +5,7 @@ import pytest
 
 from fractals import render as R
 from fractals.ifs import MAX_MAPS, sample_codes, singular_values
-from tests import reference as ref
+from tests.fractals import reference as ref
 
 
 @pytest.fixture(scope="module")
