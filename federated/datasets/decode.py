@@ -101,6 +101,15 @@ def decode_images(paths: list[str], size: int, workers: int | None = None,
     return torch.from_numpy(out)
 
 
+def decode_split(name: str, train: tuple[list[str], list[int]], test: tuple[list[str], list[int]],
+                 classes: list[str], size: int, workers: int | None = None,
+                 clients: list[int] | None = None) -> Loaded:
+    """The :class:`Loaded` of a dataset given as (paths, labels) of its train and test images."""
+    return Loaded(decode_images(train[0], size, workers, f"{name} train"), _labels(train[1]),
+                  decode_images(test[0], size, workers, f"{name} test"), _labels(test[1]), classes,
+                  None if clients is None else _labels(clients))
+
+
 def _require_dir(path: str, what: str) -> None:
     if not os.path.isdir(path):
         problem = "is not a directory" if os.path.exists(path) else "does not exist"

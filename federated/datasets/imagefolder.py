@@ -8,7 +8,7 @@ import os
 from pretrain.folder import FolderConfig, FolderError, scan
 
 from . import DataConfig, Preset, register_dataset
-from .decode import DataError, Loaded, _labels, _require_dir, decode_images
+from .decode import DataError, Loaded, _require_dir, decode_split
 
 
 def read_imagefolder(root: str, size: int, workers: int | None = None) -> Loaded:
@@ -28,8 +28,8 @@ def read_imagefolder(root: str, size: int, workers: int | None = None) -> Loaded
         raise DataError(f"imagefolder: test classes without a train folder: {', '.join(unknown)}")
     index = {name: i for i, name in enumerate(classes)}
     test_labels = [index[test_classes[y]] for y in test_labels]  # the test folder may lack some classes
-    return Loaded(decode_images(train_paths, size, workers, "imagefolder train"), _labels(train_labels),
-                  decode_images(test_paths, size, workers, "imagefolder test"), _labels(test_labels), classes)
+    return decode_split("imagefolder", (train_paths, train_labels), (test_paths, test_labels), classes, size,
+                        workers)
 
 
 @register_dataset(

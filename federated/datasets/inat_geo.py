@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pretrain.folder import is_image
 
 from . import DataConfig, Preset, register_dataset
-from .decode import DataError, Loaded, _ids, _labels, _require_dir, decode_images
+from .decode import DataError, Loaded, _ids, _require_dir, decode_split
 
 INAT_HOLDOUT = 10  # iNat-GEO without a split column: every 10th image of each client is test (10%)
 
@@ -139,10 +139,8 @@ def read_inat_geo(root: str, split_csv: str | None, size: int, workers: int | No
     if not tr or not te:
         raise DataError(f"inat-geo: {split_csv!r} gives {len(tr)} training and {len(te)} test images")
     client_ids, _ = _ids([clients[i] for i in tr])
-    return Loaded(decode_images([paths[i] for i in tr], size, workers, "inat-geo train"),
-                  _labels([labels[i] for i in tr]),
-                  decode_images([paths[i] for i in te], size, workers, "inat-geo test"),
-                  _labels([labels[i] for i in te]), classes, _labels(client_ids))
+    return decode_split("inat-geo", ([paths[i] for i in tr], [labels[i] for i in tr]),
+                        ([paths[i] for i in te], [labels[i] for i in te]), classes, size, workers, client_ids)
 
 
 @register_dataset(

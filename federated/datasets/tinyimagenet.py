@@ -8,7 +8,7 @@ import os
 from pretrain.folder import is_image
 
 from . import DataConfig, Preset, register_dataset
-from .decode import DataError, Loaded, _labels, _require_dir, decode_images
+from .decode import DataError, Loaded, _require_dir, decode_split
 
 
 def read_tinyimagenet(root: str, size: int, workers: int | None = None) -> Loaded:
@@ -48,8 +48,8 @@ def read_tinyimagenet(root: str, size: int, workers: int | None = None) -> Loade
                                 f"wnids.txt, got {line.strip()!r}")
             test_paths.append(os.path.join(base, "val", "images", fields[0]))
             test_labels.append(index[fields[1]])
-    return Loaded(decode_images(train_paths, size, workers, "tinyimagenet train"), _labels(train_labels),
-                  decode_images(test_paths, size, workers, "tinyimagenet test"), _labels(test_labels), wnids)
+    return decode_split("tinyimagenet", (train_paths, train_labels), (test_paths, test_labels), wnids, size,
+                        workers)
 
 
 @register_dataset(
