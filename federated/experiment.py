@@ -28,8 +28,9 @@ from .oracle.tracking import TrackConfig
 from .partitions import PARTITIONS, PartitionConfig, PartitionError, default_min_size, setting_fields
 
 
-def _presets() -> str:
-    return ", ".join(f"{name} {spec.preset.lr:g}" for name, spec in DATASETS.items())
+def _auto_int(text: str) -> int | None:
+    """``--client-batch auto`` (None) or a positive count."""
+    return None if text.strip().lower() == "auto" else int(text)
 
 
 @dataclass(frozen=True, init=False)
@@ -80,6 +81,11 @@ class FederateConfig:
                                   group="federated training")
     bn: str = setting("global", "global: BatchNorm statistics averaged like parameters; local: kept per "
                                 "client", choices=("global", "local"), group="federated training")
+    client_batch: int | None = setting(None, "clients trained together as one vectorised model (torch.func "
+                                             "vmap); 1: one after another", parse=_auto_int,
+                                       within="[1, inf)", metavar="K", group="federated training",
+                                       default_text="auto: all of a round's clients on a GPU, 1 on a CPU "
+                                                    "(measured faster there, README Performance)")
     centralized: bool = setting(False, "train centrally on the union of the clients, rounds x local-epochs "
                                        "epochs (the CL of ΔCL-FL, §4.2)", group="federated training")
     # segmentation

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from .algorithms import ClientContext, FedAvg
 from .tasks import Task
 
-_CHECK_EVERY = 8  # steps between finiteness checks (each synchronises a GPU; NaN arithmetic is slow on CPU)
+CHECK_EVERY = 8  # steps between finiteness checks (each synchronises a GPU; NaN arithmetic is slow on CPU)
 
 
 class DivergenceError(RuntimeError):
@@ -30,34 +30,37 @@ def make_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
-def local_train(model: nn.Module, optimizer: torch.optim.Optimizer, algo: FedAvg, ctx: ClientContext,
-                task: Task, x: Tensor, y: Tensor, pools: list[Tensor], batch_size: int,
-                order_gen: torch.Generator, aug_gen: torch.Generator, noise: float = 0.0) -> float:
-    """Train ``model`` in place, one local epoch per entry of ``pools`` (sample indices into (x, y));
-    returns the mean training loss.
-
-    The sample order of each epoch is drawn from ``order_gen`` (CPU); augmentation from ``aug_gen``.
-    A batch of one sample is skipped (BatchNorm cannot train on it).
-    """
-    model.train()
-    total, count = torch.zeros((), device=x.device), 0
+def epoch_batches(pools: list[Tensor], batch_size: int, order_gen: torch.Generator) -> list[Tensor]:
+    """The sample indices of every local step: one local epoch per entry of ``pools``, each in an order
+    drawn from ``order_gen`` (CPU), cut into batches. A batch of one sample is dropped (BatchNorm cannot
+    train on it)."""
+    batches = []
     for pool in pools:
         order = pool[torch.randperm(len(pool), generator=order_gen)]
-        for batch in order.split(batch_size):
-            if len(batch) < 2:
-                continue
-            batch = batch.to(x.device)
-            inputs, targets = task.train_inputs(x[batch], y[batch], aug_gen, noise)
-            loss = algo.local_loss(ctx, model, task, inputs, targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            algo.before_step(ctx, model)
-            optimizer.step()
-            ctx.steps += 1
-            total += loss.detach().float()
-            count += 1
-            if count % _CHECK_EVERY == 0:
-                _check_finite(total, ctx.client)
+        batches += [batch for batch in order.split(batch_size) if len(batch) >= 2]
+    return batches
+
+
+def local_train(model: nn.Module, optimizer: torch.optim.Optimizer, algo: FedAvg, ctx: ClientContext,
+                task: Task, x: Tensor, y: Tensor, batches: list[Tensor], aug_gen: torch.Generator,
+                noise: float = 0.0) -> float:
+    """Train ``model`` in place, one step per entry of ``batches`` (sample indices into (x, y), see
+    :func:`epoch_batches`); returns the mean training loss. Augmentation is drawn from ``aug_gen``."""
+    model.train()
+    total, count = torch.zeros((), device=x.device), 0
+    for batch in batches:
+        batch = batch.to(x.device)
+        inputs, targets = task.train_inputs(x[batch], y[batch], aug_gen, noise)
+        loss = algo.local_loss(ctx, model, task, inputs, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        algo.before_step(ctx, model)
+        optimizer.step()
+        ctx.steps += 1
+        total += loss.detach().float()
+        count += 1
+        if count % CHECK_EVERY == 0:
+            _check_finite(total, ctx.client)
     _check_finite(total, ctx.client)
     return total.item() / max(count, 1)
 

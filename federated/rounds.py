@@ -20,8 +20,9 @@ from fpsfl.base.checkpoint import atomic_save
 from fpsfl.base.rundir import RunDir
 
 from .algorithms import ClientContext, ClientResult
+from .batched import ClientJob, evaluate_batched, train_batched
 from .experiment import FederateConfig
-from .local import local_train, make_optimizer
+from .local import epoch_batches, local_train, make_optimizer
 from .oracle.tracking import Tracker
 from .partitions import client_noise
 from .setup import Setup
@@ -46,6 +47,19 @@ def _bn_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_buffers()}
 
 
+def client_batch(cfg: FederateConfig, task, device: torch.device, clients: int) -> tuple[int, str]:
+    """How many clients train together (1: one after another), and a note when that differs from what
+    was asked. auto: every client of the round on a GPU; one at a time on a CPU, where the vectorised
+    engine measured slower (README, Performance: grouped convolutions are slower than separate ones)."""
+    asked = cfg.client_batch
+    if asked is None:
+        return (clients if device.type == "cuda" else 1), ""
+    if asked > 1 and "functional" not in task.provides:
+        return 1, (f"--client-batch {asked}: the {type(task).__name__} has no vectorised form yet; its "
+                   f"clients train one after another")
+    return max(1, min(asked, clients)), ""
+
+
 def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, run: RunDir,
                 bar: tqdm | None, tracker: Tracker | None = None) -> dict:
     """One round: local training of the selected clients, aggregation, evaluation; returns its metrics.
@@ -56,31 +70,19 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
     global_state = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
     initial = _test_metrics(s) if rnd == 0 else {}
     frozen = copy.deepcopy(s.model).eval().requires_grad_(False)
-    local = copy.deepcopy(s.model)
-    results, local_accs, losses = [], [], []
-    for i, client in enumerate(selected):
-        local.load_state_dict(global_state)
-        own_bn = s.algo.clients[client].get("bn") if cfg.bn == "local" else None
-        if own_bn is not None:
-            local.load_state_dict(own_bn, strict=False)
-        ctx = ClientContext(client, frozen, lr, _momentum(cfg), s.algo.clients[client])
-        pools = s.algo.epoch_pools(client, s.parts[client], cfg.local_epochs, rng)
-        order_gen, aug_gen = _generators(cfg, rnd, client, device)
-        optimizer = make_optimizer(local, cfg.resolved_optimizer(), lr, cfg.momentum, cfg.weight_decay)
-        losses.append(local_train(local, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y,
-                                  pools, cfg.resolved_batch(), order_gen, aug_gen,
-                                  client_noise_for(cfg, client)))
-        extra = s.algo.finish_client(ctx, local)
+    jobs = [_job(s, cfg, rnd, client, lr, frozen, global_state, rng, device) for client in selected]
+    k, _ = client_batch(cfg, s.task, device, len(jobs))
+    states, losses = _train_jobs(s, cfg, jobs, k, bar)
+    results, local = [], copy.deepcopy(s.model)
+    for job, state in zip(jobs, states, strict=True):
+        local.load_state_dict(state)
+        extra = s.algo.finish_client(job.ctx, local)
         if cfg.bn == "local":
-            ctx.state["bn"] = _bn_buffers(local)
-        if cfg.eval_local:
-            local_accs.append(s.task.evaluate(local, s.data.test_x, s.data.test_y)["acc"])
-        state = {k: v.detach().clone() for k, v in local.state_dict().items()}
+            job.ctx.state["bn"] = _bn_buffers(local)
         if rnd + 1 in cfg.save_local_models:
-            _save_local(run.path, rnd + 1, client, state, global_state)
-        results.append(ClientResult(client, state, len(pools[0]) if pools else 0, ctx.steps, extra))
-        if bar is not None:
-            bar.set_postfix_str(f"client {i + 1}/{len(selected)}")
+            _save_local(run.path, rnd + 1, job.ctx.client, state, global_state)
+        results.append(ClientResult(job.ctx.client, state, job.examples, job.ctx.steps, extra))
+    local_accs = _local_accuracies(s, [r.state for r in results], k) if cfg.eval_local else []
     aggregate = s.algo.aggregate(global_state, results)
     sizes = [len(s.parts[c]) for c in selected]  # real data sizes |D_m|: Eq. 3's and Eq. 4's FedAvg weights
     tracked: dict = {}
@@ -99,6 +101,60 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
         weights = np.asarray(record["client_sizes"], dtype=np.float64)
         record.update(local_acc=float(np.dot(weights / weights.sum(), local_accs)), local_accs=local_accs)
     return record
+
+
+def _job(s: Setup, cfg: FederateConfig, rnd: int, client: int, lr: float, frozen: nn.Module,
+         global_state: dict, rng: np.random.Generator, device: torch.device) -> ClientJob:
+    """What one client trains on this round: its start state, steps, generators and context."""
+    start = dict(global_state)
+    own_bn = s.algo.clients[client].get("bn") if cfg.bn == "local" else None
+    if own_bn is not None:
+        start.update({k: v.to(device) for k, v in own_bn.items()})
+    pools = s.algo.epoch_pools(client, s.parts[client], cfg.local_epochs, rng)
+    order_gen, aug_gen = _generators(cfg, rnd, client, device)
+    ctx = ClientContext(client, frozen, lr, _momentum(cfg), s.algo.clients[client])
+    return ClientJob(ctx, start, epoch_batches(pools, cfg.resolved_batch(), order_gen), aug_gen,
+                     client_noise_for(cfg, client), examples=len(pools[0]) if pools else 0)
+
+
+def _train_jobs(s: Setup, cfg: FederateConfig, jobs: list[ClientJob], k: int,
+                bar: tqdm | None) -> tuple[list[dict], list[float]]:
+    """Each job's final state and mean loss: ``k`` clients at a time as one vectorised model, or (k = 1)
+    one after another with torch.optim, as the paper's loop."""
+    states, losses = [], []
+    local = copy.deepcopy(s.model)
+    x, y = s.data.train_x, s.data.train_y
+    for first in range(0, len(jobs), k):
+        chunk = jobs[first:first + k]
+        if k == 1:
+            job = chunk[0]
+            local.load_state_dict(job.start)
+            optimizer = make_optimizer(local, cfg.resolved_optimizer(), job.ctx.lr, cfg.momentum,
+                                       cfg.weight_decay)
+            losses.append(local_train(local, optimizer, s.algo, job.ctx, s.task, x, y, job.batches,
+                                      job.aug_gen, job.noise))
+            states.append({n: v.detach().clone() for n, v in local.state_dict().items()})
+        else:
+            states += train_batched(local, s.algo, chunk, s.task, x, y, cfg.resolved_optimizer(),
+                                    chunk[0].ctx.lr, cfg.momentum, cfg.weight_decay)
+            losses += [float(torch.stack(job.losses).float().mean()) if job.losses else 0.0 for job in chunk]
+        if bar is not None:
+            bar.set_postfix_str(f"client {min(first + k, len(jobs))}/{len(jobs)}")
+    return states, losses
+
+
+def _local_accuracies(s: Setup, states: list[dict], k: int) -> list[float]:
+    """Each local model's test accuracy (Eq. 3's local gain), ``k`` models evaluated at a time."""
+    if k == 1:
+        local = copy.deepcopy(s.model)
+        accs = []
+        for state in states:
+            local.load_state_dict(state)
+            accs.append(s.task.evaluate(local, s.data.test_x, s.data.test_y)["acc"])
+        return accs
+    x, y = s.data.test_x, s.data.test_y
+    return [acc for first in range(0, len(states), k)
+            for acc in evaluate_batched(s.model, s.task, states[first:first + k], x, y)]
 
 
 def _health(state: dict[str, torch.Tensor]) -> dict:
@@ -139,6 +195,7 @@ def centralized_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.dev
     pool = torch.cat(s.parts)
     ctx = ClientContext(-1, s.model, lr, _momentum(cfg), {})
     order_gen, aug_gen = _generators(cfg, rnd, 0, device)
-    loss = local_train(s.model, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y,
-                       [pool] * cfg.local_epochs, cfg.resolved_batch(), order_gen, aug_gen)
+    batches = epoch_batches([pool] * cfg.local_epochs, cfg.resolved_batch(), order_gen)
+    loss = local_train(s.model, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y, batches,
+                       aug_gen)
     return {"round": rnd + 1, "lr": lr, **_test_metrics(s), "train_loss": loss}

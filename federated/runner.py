@@ -25,7 +25,7 @@ from .experiment import FederateConfig, RunOptions
 from .initialisation import check_init, init_sha256
 from .local import DivergenceError, make_optimizer
 from .oracle.tracking import Tracker
-from .rounds import centralized_round, train_round
+from .rounds import centralized_round, client_batch, train_round
 from .setup import Setup, setup, write_partition
 
 FINAL_FORMAT = "fpsfl-federated/1"
@@ -66,6 +66,9 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir,
     if cfg.centralized and type(s.algo) is not ALGORITHMS[cfg.algo]:
         print(f"federate: note: --centralized trains plain SGD on the pooled data; {cfg.algo}'s client and "
               f"server steps do not apply to it", file=sys.stderr)
+    _, note = client_batch(cfg, s.task, model_device(s), cfg.clients)
+    if note and not cfg.centralized:
+        print(f"federate: note: {note}", file=sys.stderr)
     tracker = (Tracker(cfg.tracking, s.model, s.task, s.data, cfg.seed)
                if cfg.tracking.active and not cfg.centralized else None)
     bar = tqdm(total=cfg.rounds, initial=start, desc="centralised" if cfg.centralized else "rounds",
@@ -99,6 +102,10 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir,
                  "config": plain(config), "model": {k: v.cpu() for k, v in s.model.state_dict().items()}}
         atomic_save(final, rundir.path / "final.pt")
     return rows
+
+
+def model_device(s: Setup) -> torch.device:
+    return next(s.model.parameters()).device
 
 
 def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:

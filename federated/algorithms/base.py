@@ -99,6 +99,25 @@ class FedAvg:
     def before_step(self, ctx: ClientContext, model: nn.Module) -> None:
         """After backward, before the optimiser step (SCAFFOLD corrects the gradients here)."""
 
+    # ---- the same local training as pure functions (federate --client-batch, federated/batched.py) ------
+    def functional_loss(self, fm: Any, params: State, buffers: State, x: Tensor, y: Tensor,
+                        client: dict[str, Any], shared: dict[str, Any]) -> Tensor:
+        """:meth:`local_loss` of one client as a function of explicit tensors (``fm`` calls the model on
+        them, see :class:`federated.batched.FunctionalModel`); vmapped over the round's clients."""
+        return fm.task.loss(fm(params, buffers, x), y).mean()
+
+    def client_tensors(self, ctxs: list[ClientContext], model: nn.Module) -> dict[str, Any]:
+        """The per-client tensors :meth:`functional_loss` reads, stacked along a leading client axis."""
+        return {}
+
+    def shared_tensors(self, ctx: ClientContext) -> dict[str, Any]:
+        """The tensors every client's :meth:`functional_loss` shares (e.g. the round's global model)."""
+        return {}
+
+    def gradient_correction(self, client: dict[str, Any], shared: dict[str, Any]) -> State | None:
+        """What :meth:`before_step` adds to the gradients, for stacked clients (SCAFFOLD); None: nothing."""
+        return None
+
     def finish_client(self, ctx: ClientContext, model: nn.Module) -> dict[str, Any]:
         """After local training; returns extra payload for :meth:`server_update`."""
         return {}

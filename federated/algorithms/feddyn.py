@@ -19,7 +19,7 @@ from ..aggregate import State, weighted_average
 from ..tasks import Task
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, ClientResult, FedAvg
-from .fedprox import proximal_term
+from .fedprox import global_params, proximal_term, squared_distance
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,19 @@ class FedDyn(FedAvg):
         if grads is not None:
             loss = loss - sum((grads[k].to(p.device) * p).sum() for k, p in model.named_parameters())
         return loss
+
+    def shared_tensors(self, ctx: ClientContext) -> dict:
+        return {"global": global_params(ctx)}
+
+    def client_tensors(self, ctxs: list[ClientContext], model: nn.Module) -> dict:
+        zeros = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
+        g = [ctx.state.get("g", zeros) for ctx in ctxs]  # no linear term before a client's first round
+        return {"g": {k: torch.stack([gi[k] for gi in g]) for k in zeros}}
+
+    def functional_loss(self, fm, params, buffers, x, y, client, shared) -> Tensor:
+        loss = super().functional_loss(fm, params, buffers, x, y, client, shared)
+        loss = loss + 0.5 * self.cfg.alpha * squared_distance(params, shared["global"])
+        return loss - sum((client["g"][k] * p).sum() for k, p in params.items())
 
     @torch.no_grad()
     def finish_client(self, ctx: ClientContext, model: nn.Module) -> dict:

@@ -36,9 +36,20 @@ class FedIR(FedAvg):
 
     def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
                    targets: Tensor) -> Tensor:
+        losses = task.loss(model(inputs), targets)
+        weights = self._weights(ctx).to(inputs.device, losses.dtype)[task.sample_labels(targets)]
+        return self_normalised(weights, losses)
+
+    def _weights(self, ctx: ClientContext) -> Tensor:
         if "ir_weights" not in ctx.state:
             w = importance_weights(self.class_counts.sum(0), self.class_counts[ctx.client])
             ctx.state["ir_weights"] = torch.as_tensor(w, dtype=torch.float64)
-        losses = task.loss(model(inputs), targets)
-        weights = ctx.state["ir_weights"].to(inputs.device, losses.dtype)[task.sample_labels(targets)]
-        return self_normalised(weights, losses)
+        return ctx.state["ir_weights"]
+
+    def client_tensors(self, ctxs: list[ClientContext], model: nn.Module) -> dict:
+        device = next(model.parameters()).device
+        return {"weights": torch.stack([self._weights(ctx) for ctx in ctxs]).to(device)}
+
+    def functional_loss(self, fm, params, buffers, x, y, client, shared) -> Tensor:
+        losses = fm.task.loss(fm(params, buffers, x), y)
+        return self_normalised(client["weights"].to(losses.dtype)[fm.task.sample_labels(y)], losses)

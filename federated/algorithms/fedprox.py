@@ -22,6 +22,16 @@ class FedProxConfig(AlgoConfig):
                         within="[0, inf)")
 
 
+def global_params(ctx: ClientContext) -> dict[str, Tensor]:
+    """The round's global parameters by name (detached)."""
+    return {k: p.detach() for k, p in ctx.global_model.named_parameters()}
+
+
+def squared_distance(params: dict[str, Tensor], reference: dict[str, Tensor]) -> Tensor:
+    """sum over parameters of ||w - w_ref||^2, on tensors (the functional :func:`proximal_term`)."""
+    return sum(((p - reference[k]) ** 2).sum() for k, p in params.items())
+
+
 def proximal_term(model: nn.Module, reference: nn.Module) -> Tensor:
     """sum over parameters of ||w - w_ref||^2 (w_ref carries no gradient)."""
     return sum(((p - q.detach()) ** 2).sum() for p, q in zip(model.parameters(), reference.parameters(),
@@ -37,3 +47,10 @@ class FedProx(FedAvg):
                    targets: Tensor) -> Tensor:
         loss = super().local_loss(ctx, model, task, inputs, targets)
         return loss + 0.5 * self.cfg.mu * proximal_term(model, ctx.global_model)
+
+    def shared_tensors(self, ctx: ClientContext) -> dict:
+        return {"global": global_params(ctx)}
+
+    def functional_loss(self, fm, params, buffers, x, y, client, shared) -> Tensor:
+        loss = super().functional_loss(fm, params, buffers, x, y, client, shared)
+        return loss + 0.5 * self.cfg.mu * squared_distance(params, shared["global"])

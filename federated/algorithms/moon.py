@@ -71,6 +71,23 @@ class Moon(FedAvg):
                 z_prev = self._z(ctx.state["_prev_model"], inputs)
         return loss + self.cfg.mu * moon_contrastive(z, z_glob, z_prev, self.cfg.tau).mean()
 
+    def shared_tensors(self, ctx: ClientContext) -> dict:
+        return {"global": {k: v.detach() for k, v in ctx.global_model.state_dict().items()}}
+
+    def client_tensors(self, ctxs: list[ClientContext], model: nn.Module) -> dict:
+        glob = {k: v.detach() for k, v in ctxs[0].global_model.state_dict().items()}
+        prev = [{k: v.to(glob[k].device) for k, v in ctx.state["prev"].items()} if "prev" in ctx.state
+                else glob for ctx in ctxs]  # a client's first round: its previous model is the global one
+        return {"prev": {k: torch.stack([p[k] for p in prev]) for k in glob}}
+
+    def functional_loss(self, fm, params, buffers, x, y, client, shared) -> Tensor:
+        z, logits = fm(params, buffers, x, with_z=True)
+        loss = fm.task.loss(logits, y).mean()
+        with torch.no_grad():
+            z_glob = fm.frozen(shared["global"], x, with_z=True)[0]
+            z_prev = fm.frozen(client["prev"], x, with_z=True)[0]
+        return loss + self.cfg.mu * moon_contrastive(z, z_glob, z_prev, self.cfg.tau).mean()
+
     @torch.no_grad()
     def finish_client(self, ctx: ClientContext, model: nn.Module) -> dict:
         ctx.state.pop("_prev_model", None)

@@ -25,14 +25,16 @@ class Classifier(nn.Module):
     def features(self, x: Tensor) -> Tensor:
         return self.backbone(x)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.projector(self.backbone(x)))
+    def forward(self, x: Tensor, with_z: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Logits; with ``with_z`` (z, logits), z the representation the head reads (for MOON)."""
+        z = self.projector(self.backbone(x))
+        return (z, self.head(z)) if with_z else self.head(z)
 
 
 class ClassificationTask:
     """Cross-entropy and top-1 accuracy; pad-crop + flip at 32 px, random-resized-crop + flip above."""
 
-    provides = frozenset({"features", "sample_labels"})
+    provides = frozenset({"features", "sample_labels", "functional"})  # functional: --client-batch
 
     def __init__(self, n_classes: int, input_size: int, hflip: bool = True):
         self.n_classes = n_classes

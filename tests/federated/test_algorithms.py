@@ -11,7 +11,7 @@ from federated.algorithms import ALGORITHMS, ClientContext, ClientResult
 from federated.algorithms.fedir import importance_weights
 from federated.datasets import ImageData
 from federated.experiment import FederateConfig, RunOptions
-from federated.local import local_train, make_optimizer
+from federated.local import epoch_batches, local_train, make_optimizer
 from federated.rounds import _generators, lr_at, train_round
 from federated.runner import run
 from federated.setup import setup
@@ -74,8 +74,8 @@ def test_fedavg_with_one_client_equals_its_local_training(tmp_path):
     ctx = ClientContext(0, copy.deepcopy(model), cfg.resolved_lr(), cfg.momentum, {})
     order, aug = _generators(cfg, 0, 0, torch.device("cpu"))
     optimizer = make_optimizer(model, "sgd", cfg.resolved_lr(), cfg.momentum, cfg.weight_decay)
-    local_train(model, optimizer, ctx_algo, ctx, s.task, s.data.train_x, s.data.train_y, [s.parts[0]], 16,
-                order, aug)
+    local_train(model, optimizer, ctx_algo, ctx, s.task, s.data.train_x, s.data.train_y,
+                epoch_batches([s.parts[0]], 16, order), aug)
     final = _final(tmp_path)
     assert all(torch.equal(final[k], v) for k, v in model.state_dict().items())
 

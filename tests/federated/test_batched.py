@@ -1,0 +1,140 @@
+"""--client-batch: a round's clients trained as one vectorised model equal the sequential loop.
+
+Every algorithm, one round of 2 local epochs, ResNet20 on unequal clients with partial last batches, CPU. In
+float64 the global weights agree to 1e-10 (relative L2): the two engines compute the same thing. In float32
+the metrics agree to 4 decimals and the weights to 1e-4 (relative L2): the vectorised engine runs grouped
+convolutions, whose rounding differs from K separate ones, and a few SGD steps amplify it (MOON most:
+2.4e-5 here). The float32 comparisons run on one thread: multi-threaded kernels add rounding of their
+own, which a few steps amplify as well. Any K gives the same run to the same bounds.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from federated.algorithms import ALGORITHMS
+from federated.batched import StackedOptimizer, evaluate_batched
+from federated.rounds import client_batch, train_round
+from federated.setup import setup
+from fpsfl.base.rundir import RunDir
+from tests.federated.test_algorithms import _cfg, synthetic
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _round(tmp_path, cfg, k, name, rounds=1, dtype=torch.float32):
+    cfg = cfg.__class__(**{**_fields(cfg), "client_batch": k})
+    s = setup(cfg, CPU, synthetic(n_train=120))
+    if dtype != torch.float32:  # the whole computation in dtype: model, inputs
+        s.model.to(dtype)
+        for name_ in ("train_inputs", "eval_inputs"):
+            method = getattr(s.task, name_)
+            setattr(s.task, name_, lambda *a, _m=method: (lambda r: (r[0].to(dtype), r[1]))(_m(*a)))
+    rows = [train_round(s, cfg, r, CPU, RunDir(tmp_path / name), None) for r in range(rounds)]
+    return s.model.state_dict(), rows
+
+
+def _fields(cfg):
+    return {f: getattr(cfg, f) for f in cfg.__dataclass_fields__} | dict(cfg.partition_args)
+
+
+def _close(a: dict, b: dict, rel: float) -> None:
+    """Integer entries equal; the floating-point ones within ``rel`` relative L2 distance, all together."""
+    assert all(torch.equal(a[k], b[k]) for k in a if not a[k].is_floating_point())
+    va = torch.cat([v.flatten().double() for v in a.values() if v.is_floating_point()])
+    vb = torch.cat([b[k].flatten().double() for k, v in a.items() if v.is_floating_point()])
+    assert ((va - vb).norm() / va.norm()).item() <= rel
+
+
+def _same_metrics(a: list[dict], b: list[dict]) -> None:
+    """Accuracies, losses and the mean local accuracy agree to 4 decimals (1e-4)."""
+    keep = ("test_acc", "test_loss", "train_loss", "local_acc")
+    for ra, rb in zip(a, b, strict=True):
+        assert {k: rb[k] for k in keep} == pytest.approx({k: ra[k] for k in keep}, abs=1e-4, rel=0)
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_batched_round_equals_the_sequential_round(tmp_path, algo, one_thread):
+    cfg = _cfg(algo, clients=4, batch_size=12, local_epochs=2, alpha=0.5)
+    seq, _ = _round(tmp_path, cfg, 1, "seq64", dtype=torch.float64)
+    bat, _ = _round(tmp_path, cfg, 4, "bat64", dtype=torch.float64)
+    _close(seq, bat, rel=1e-10)
+    seq, seq_rows = _round(tmp_path, cfg, 1, "seq")
+    bat, bat_rows = _round(tmp_path, cfg, 4, "bat")
+    _close(seq, bat, rel=1e-4)
+    _same_metrics(seq_rows, bat_rows)
+
+
+def test_a_run_is_the_same_whatever_k(tmp_path, one_thread):
+    cfg = _cfg("scaffold", clients=6, batch_size=12, alpha=0.5)
+    reference, rows = _round(tmp_path, cfg, 1, "k1", rounds=2)
+    for k in (3, 6):
+        state, other = _round(tmp_path, cfg, k, f"k{k}", rounds=2)
+        _close(reference, state, rel=1e-4)
+        _same_metrics(rows, other)
+        again, _ = _round(tmp_path, cfg, k, f"again{k}", rounds=2)
+        assert all(torch.equal(state[n], again[n]) for n in state)  # and bit-identical for a given K
+
+
+def test_clients_out_of_batches_do_not_move():
+    params = {"w": torch.ones(3, 2)}
+    opt = StackedOptimizer(params, "sgd", lr=0.1, momentum=0.9, weight_decay=0.1)
+    opt.step(params, {"w": torch.ones(2, 2)}, torch.tensor([0, 2]))
+    assert torch.equal(params["w"][1], torch.ones(2)) and torch.equal(opt.buf["w"][1], torch.zeros(2))
+    assert not torch.equal(params["w"][0], torch.ones(2))
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_stacked_optimizer_equals_torch_optimizers(name):
+    g = torch.Generator().manual_seed(0)
+    start = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    grads = [torch.randn(3, 5, generator=g, dtype=torch.float64) for _ in range(4)]
+    stacked = {"w": start.clone()}
+    opt = StackedOptimizer(stacked, name, lr=0.05, momentum=0.9, weight_decay=1e-2)
+    singles = [torch.nn.Parameter(start[k].clone()) for k in range(3)]
+    torch_opts = [torch.optim.Adam([p], lr=0.05, weight_decay=1e-2) if name == "adam"
+                  else torch.optim.SGD([p], lr=0.05, momentum=0.9, weight_decay=1e-2) for p in singles]
+    for t, grad in enumerate(grads):
+        rows = torch.tensor([0, 1, 2]) if t % 2 == 0 else torch.tensor([0, 2])  # client 1 sits out
+        opt.step(stacked, {"w": grad[rows]}, None if t % 2 == 0 else rows)
+        for k in rows.tolist():
+            singles[k].grad = grad[k].clone()
+            torch_opts[k].step()
+    for k in range(3):
+        assert torch.allclose(stacked["w"][k], singles[k].detach(), atol=1e-12, rtol=0), k
+
+
+def test_batched_evaluation_equals_one_model_at_a_time():
+    cfg = _cfg("fedavg")
+    s = setup(cfg, CPU, synthetic())
+    states = []
+    for k in range(3):
+        model = copy.deepcopy(s.model)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * k * torch.randn_like(p))
+        states.append(model.state_dict())
+    singles = []
+    for state in states:
+        s.model.load_state_dict(state)
+        singles.append(s.task.evaluate(s.model, s.data.test_x, s.data.test_y)["acc"])
+    assert np.allclose(evaluate_batched(s.model, s.task, states, s.data.test_x, s.data.test_y), singles)
+
+
+def test_auto_is_all_clients_on_a_gpu_and_one_on_a_cpu():
+    s = setup(_cfg("fedavg"), CPU, synthetic())
+    assert client_batch(_cfg("fedavg"), s.task, CPU, 10) == (1, "")
+    assert client_batch(_cfg("fedavg"), s.task, torch.device("cuda"), 10) == (10, "")
+    assert client_batch(_cfg("fedavg", client_batch=4), s.task, CPU, 3) == (3, "")
