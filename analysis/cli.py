@@ -5,6 +5,7 @@
   analyze variance RUN [RUN...]          test loss over lambda ~ Dirichlet(1) (Figs. 8, 13, 18)
   analyze landscape RUN_A RUN_B RUN_C [RUN...]   2-D training-loss landscape (Fig. 9)
   analyze report RUN [RUN...]            Federated / Centralised / ΔCL-FL tables (Tables 2-5)
+  analyze probe CKPT [CKPT...]           kNN and linear probe of checkpoints, beside a random init
 
 Analyses only read run directories (made by federate). convex and variance are ORACLE analyses on the test
 set, as in the paper. Combined models average BatchNorm statistics with the same weights as the
@@ -19,10 +20,10 @@ import sys
 
 from fpsfl.base.cli import Parser, run_main
 
-from . import dynamics, landscape, report, tracked
+from . import dynamics, landscape, probe, report, tracked
 from .runs import AnalysisError
 
-COMMANDS = (dynamics, tracked, landscape, report)  # each registers its subcommands
+COMMANDS = (dynamics, tracked, landscape, report, probe)  # each registers its subcommands
 
 
 def build_parser() -> argparse.ArgumentParser:

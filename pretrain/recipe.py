@@ -65,6 +65,12 @@ class RunOptions(RunFlags):
                                   within="[0, inf)", group="run", default_text="0 on CPU, up to 8 on a GPU")
     profile: bool = setting(False, "time data wait / augmentation / compute separately and print them as "
                                    "JSON", group="run")
+    probe: str | None = setting(None, "kNN-probe the backbone's frozen features on this labelled set while "
+                                      "pre-training (metrics.jsonl: probe_knn_acc; the random init's: "
+                                      "probe_init_knn_acc)", choices=("digits",), group="run",
+                                default_text="no probe")
+    probe_every: int = setting(1, "epochs between probes (and after the last)", within="[1, inf)",
+                               group="run")
 
     def __post_init__(self) -> None:
         check(self)

@@ -28,6 +28,7 @@ from fractals.stream import augment_views
 
 from .backbones import create_backbone
 from .methods import METHODS, Method
+from .probe import PROBES, probe
 from .recipe import PretrainConfig, RunOptions
 from .sources import SOURCES
 
@@ -175,12 +176,17 @@ def _train(cfg: PretrainConfig, opts: RunOptions, run: RunDir, device: torch.dev
     config = {"pretrain": cfg.to_dict(), "method": asdict(method.cfg), "base_lr": base_lr,
               "steps_per_epoch": len(source), "n_classes": source.n_classes}
     start = resume(run, config, method, optimizer) if opts.resume else run.create(config, opts)
+    probe_data = PROBES[opts.probe]() if opts.probe else None
+    initial = _probe(method, probe_data, cfg, "init") if probe_data is not None and start == 0 else {}
     last: dict = run.last_metrics()
     for epoch in range(start, cfg.epochs):
         if opts.stop_after is not None and epoch - start >= opts.stop_after:
             break
         lr = set_lr(optimizer, base_lr, epoch, cfg.epochs)
-        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts), "lr": lr}
+        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts), "lr": lr, **initial}
+        initial = {}
+        if probe_data is not None and ((epoch + 1) % opts.probe_every == 0 or epoch + 1 == cfg.epochs):
+            record.update(_probe(method, probe_data, cfg))
         run.append_metrics(record)
         run.save_state({"done": epoch + 1, "model": method.state_dict(), "extra": method.extra_state(),
                         "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()})
@@ -191,6 +197,12 @@ def _train(cfg: PretrainConfig, opts: RunOptions, run: RunDir, device: torch.dev
         if opts.progress:
             tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in record.items()}))
     return last
+
+
+def _probe(method: Method, data, cfg: PretrainConfig, prefix: str = "") -> dict:
+    """The kNN probe of the backbone, as metrics.jsonl keys (``probe_knn_acc``, ``probe_init_knn_acc``)."""
+    acc = probe(method.backbone, data, cfg.size, linear=False)["knn_acc"]
+    return {f"probe_{prefix}_knn_acc" if prefix else "probe_knn_acc": acc}
 
 
 __all__ = ["TrainingError", "atomic_save", "cosine_lr", "plain", "train"]

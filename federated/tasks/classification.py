@@ -7,9 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fpsfl.base.images import eval_batch
+
 from . import TASKS
 from .base import Task
-from .transforms import TrainAugment, add_noise, augment_batch, eval_batch
+from .transforms import TrainAugment, add_noise, augment_batch
 
 
 class Classifier(nn.Module):

@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fpsfl.base.images import crop_theta
+from fpsfl.base.images import IMAGENET_MEAN, IMAGENET_STD, crop_theta, normalise
 
 from . import TASKS
 from .base import Task
-from .transforms import IMAGENET_MEAN, IMAGENET_STD, add_noise, normalise
+from .transforms import add_noise
 
 IGNORE = 255  # Cityscapes' ignore train id
 SCALE_RANGE = (0.5, 2.0)  # random rescale of DeepLab training (Chen et al. 2018)

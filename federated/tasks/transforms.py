@@ -18,10 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fpsfl.base.images import resized_crop, sample_crop_boxes
+from fpsfl.base.images import IMAGENET_MEAN, IMAGENET_STD, normalise, resized_crop, sample_crop_boxes
+from fpsfl.base.images import check_images as _check
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)  # ImageNet statistics, as pre-training normalised (fpsfl.base.images)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 PAD_CROP_MAX_SIDE = 32  # px: images this small that are trained at their stored side get pad-and-crop
 
 
@@ -55,17 +54,6 @@ def uses_pad_crop(stored: int, input_size: int) -> bool:
     return stored == input_size <= PAD_CROP_MAX_SIDE
 
 
-def _check(x: Tensor) -> None:
-    if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[3] != 3 or x.shape[1] != x.shape[2]:
-        raise ValueError(f"expected uint8 (B, S, S, 3) images, got {x.dtype} {tuple(x.shape)}")
-
-
-def normalise(x: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
-    """float (B, 3, H, W) in 0..255 -> (x / 255 - mean) / std, in place."""
-    m, s = x.new_tensor(mean).view(1, 3, 1, 1), x.new_tensor(std).view(1, 3, 1, 1)
-    return x.div_(255).sub_(m).div_(s)
-
-
 def pad_crop(x: Tensor, pad: int, offsets: Tensor, flip: Tensor) -> Tensor:
     """uint8 (B, S, S, 3) -> uint8 (B, S, S, 3): zero-pad ``pad`` px on every side, crop S x S at
     offsets (B, 2) = (x0, y0) in the padded image (0..2 pad; pad, pad is the original), mirror where flip.
@@ -96,18 +84,6 @@ def augment_batch(x: Tensor, aug: TrainAugment, generator: torch.Generator) -> T
         flip = (torch.rand(b, generator=generator, device=generator.device) < aug.flip_p).to(dev)
         out = resized_crop(x.permute(0, 3, 1, 2).float(), boxes, aug.input_size, flip)
     return normalise(out, aug.mean, aug.std)
-
-
-def eval_batch(x: Tensor, input_size: int, mean: tuple[float, ...] = IMAGENET_MEAN,
-               std: tuple[float, ...] = IMAGENET_STD) -> Tensor:
-    """uint8 (B, S, S, 3) -> float32 (B, 3, input, input), normalised; resized (bilinear, antialiased when
-    shrinking) when S differs from ``input_size``."""
-    _check(x)
-    out = x.permute(0, 3, 1, 2).float()
-    if x.shape[1] != input_size:
-        out = F.interpolate(out, size=(input_size, input_size), mode="bilinear", align_corners=False,
-                            antialias=input_size < x.shape[1])
-    return normalise(out, mean, std)
 
 
 def add_noise(x: Tensor, sigma: float, generator: torch.Generator,

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the ImageNet statistics every input is normalised with
+IMAGENET_STD = (0.229, 0.224, 0.225)
 LUMA = (0.2989, 0.587, 0.114)  # ITU-R 601-2 luma weights, rounded as torchvision's tensor rgb_to_grayscale
 _HUE_OFFSETS = (5.0, 3.0, 1.0)  # sextant offsets of R, G, B in the HSV -> RGB formula
 _CROP_ATTEMPTS = 10  # candidate boxes per sample before the central fallback, as torchvision
@@ -45,8 +47,8 @@ class AugmentConfig:
     blur_sigma: tuple[float, float] = (0.1, 2.0)  # px of the output at any size, uniform (MoCo-v2)
     blur_kernel: int | None = None  # px, odd; None: the odd number nearest 10% of the side (SimCLR App. A)
     flip_p: float = 0.5  # probability of a horizontal flip
-    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # ImageNet statistics
-    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
 
     def __post_init__(self) -> None:
         probs = (self.jitter_p, self.grayscale_p, self.blur_p, self.flip_p)
@@ -329,3 +331,27 @@ def augment(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,
     x = _masked_(x, blur, lambda xs, idx: gaussian_blur(xs, sigma[idx], kernel))
     mean, std = x.new_tensor(cfg.mean).view(1, 3, 1, 1), x.new_tensor(cfg.std).view(1, 3, 1, 1)
     return x.sub_(mean).div_(std)
+
+
+def check_images(x: Tensor) -> None:
+    """Refuse anything but a uint8 (B, S, S, 3) batch, the layout images are held in."""
+    if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[3] != 3 or x.shape[1] != x.shape[2]:
+        raise ValueError(f"expected uint8 (B, S, S, 3) images, got {x.dtype} {tuple(x.shape)}")
+
+
+def normalise(x: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
+    """float (B, 3, H, W) in 0..255 -> (x / 255 - mean) / std, in place."""
+    m, s = x.new_tensor(mean).view(1, 3, 1, 1), x.new_tensor(std).view(1, 3, 1, 1)
+    return x.div_(255).sub_(m).div_(s)
+
+
+def eval_batch(x: Tensor, input_size: int, mean: tuple[float, ...] = IMAGENET_MEAN,
+               std: tuple[float, ...] = IMAGENET_STD) -> Tensor:
+    """uint8 (B, S, S, 3) -> float32 (B, 3, input, input), normalised; resized (bilinear, antialiased when
+    shrinking) when S differs from ``input_size``."""
+    check_images(x)
+    out = x.permute(0, 3, 1, 2).float()
+    if x.shape[1] != input_size:
+        out = F.interpolate(out, size=(input_size, input_size), mode="bilinear", align_corners=False,
+                            antialias=input_size < x.shape[1])
+    return normalise(out, mean, std)

@@ -4,16 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from federated.tasks.transforms import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    TrainAugment,
-    add_noise,
-    augment_batch,
-    eval_batch,
-    pad_crop,
-    uses_pad_crop,
-)
+from federated.tasks.transforms import TrainAugment, add_noise, augment_batch, pad_crop, uses_pad_crop
+from fpsfl.base.images import IMAGENET_MEAN, IMAGENET_STD, eval_batch
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)

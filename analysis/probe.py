@@ -1,0 +1,74 @@
+"""``analyze probe CKPT``: kNN and linear-probe accuracy of a checkpoint's frozen backbone, beside a random
+init of the same architecture (the baseline), on any labelled ``federate`` dataset (digits by default).
+
+The probe itself is :mod:`pretrain.probe` (Wu et al. 2018's weighted kNN, a logistic-regression linear
+probe); this command reads checkpoints, loads the dataset, prints a table and writes ``probe.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from federated.datasets import DataConfig, load_dataset
+from fpsfl.base.checkpoint import load_backbone_weights, load_checkpoint
+from fpsfl.base.cli import writable_dir
+from fpsfl.base.device import resolve_device
+from pretrain.backbones import create_backbone
+from pretrain.probe import ProbeData, probe
+
+from .runs import AnalysisError
+
+
+def _data(args: argparse.Namespace) -> ProbeData:
+    data = load_dataset(DataConfig(name=args.dataset, root=args.data_root, val_fraction=0.0, seed=args.seed))
+    if data.task != "classification":
+        raise AnalysisError(f"analyze probe needs a classification dataset, not {args.dataset!r}")
+    return ProbeData(data.train_x, data.train_y, data.test_x, data.test_y, data.n_classes)
+
+
+def probe_checkpoint(path: str, data: ProbeData, input_size: int | None, device: torch.device,
+                     seed: int) -> dict:
+    """The probes of the checkpoint at ``path`` and of a random init (``seed``) of its architecture."""
+    ckpt = load_checkpoint(path)
+    size = input_size or int(ckpt["config"].get("pretrain", {}).get("size", 32))
+    torch.manual_seed(seed)
+    random = create_backbone(ckpt["arch"], ckpt["width"]).to(device)
+    trained = create_backbone(ckpt["arch"], ckpt["width"])
+    load_backbone_weights(trained, ckpt, str(path))
+    return {"checkpoint": str(path), "arch": ckpt["arch"], "width": ckpt["width"], "epoch": ckpt["epoch"],
+            "method": ckpt["method"], "source": ckpt["source"], "input_size": size,
+            "probe": probe(trained.to(device), data, size), "random_init": probe(random, data, size)}
+
+
+def cmd_probe(args: argparse.Namespace) -> None:
+    out = writable_dir(Path(args.out or "analysis"))
+    device = resolve_device(args.device)
+    data = _data(args)
+    rows = [probe_checkpoint(p, data, args.input_size, device, args.seed) for p in args.checkpoints]
+    print(f"{'checkpoint':40s} {'kNN':>7s} {'linear':>7s}   random init: {'kNN':>7s} {'linear':>7s}")
+    for r in rows:
+        p, b = r["probe"], r["random_init"]
+        print(f"{Path(r['checkpoint']).name:40s} {100 * p['knn_acc']:6.1f}% {100 * p['linear_acc']:6.1f}%"
+              f"                {100 * b['knn_acc']:6.1f}% {100 * b['linear_acc']:6.1f}%")
+    (out / "probe.json").write_text(json.dumps({"dataset": args.dataset, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out / 'probe.json'}")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("probe", help="kNN and linear-probe accuracy of checkpoints' frozen backbones, "
+                       "beside a random init", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="pretrain checkpoints (.ckpt)")
+    p.add_argument("--dataset", default="digits", help="a classification dataset of federate (default: "
+                   "digits)")
+    p.add_argument("--data-root", help="folder holding the dataset (see federate --help)")
+    p.add_argument("--input-size", type=int, help="px the backbone sees (default: the checkpoint's "
+                   "pre-training size)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random-init baseline (default 0)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--out", help="output folder for probe.json (default ./analysis)")
+    p.set_defaults(run=cmd_probe)

@@ -1,0 +1,107 @@
+"""How good is a backbone without a federation: kNN and linear probes of its frozen features.
+
+The standard evaluation of self-supervised pre-training (Wu et al., CVPR 2018; as lightly's benchmarking
+utilities do it): embed a labelled training and test set with the frozen backbone, then classify each test
+image by a weighted vote of its k nearest training images (cosine similarity, weights exp(s / T)), and by a
+multinomial logistic regression on the standardised features (the linear probe). Chen et al., ICLR 2023
+evaluate FPS pre-training only through federated fine-tuning; a probe tells in seconds whether a checkpoint
+learned anything, and ``pretrain --probe digits`` logs it while pre-training runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fpsfl.base.images import eval_batch
+
+DIGITS_TEST = 0.2  # share of sklearn's 1,797 digits in the fixed test set
+DIGITS_LEVELS = 16  # sklearn's digits take values 0..16
+KNN_K = 20  # neighbours: Wu et al. use 200 of ImageNet's 1.28M images; digits has 1,437 training images
+KNN_TEMPERATURE = 0.1  # Wu et al. 2018 (lightly's knn_predict default)
+
+
+@dataclass(frozen=True)
+class ProbeData:
+    """A labelled image set: uint8 (N, S, S, 3) images and int64 labels, train and test."""
+
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    n_classes: int
+
+
+def digits(size: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """sklearn's 1,797 digits, upsampled (bilinear) to ``size`` px grey RGB, 0..255: (train_x, train_y,
+    test_x, test_y) of a fixed stratified 80/20 split (seed 0: the test set never changes). Also the reader
+    of ``federate --dataset digits``."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    data = load_digits()
+    x = torch.from_numpy(data.images).float()[:, None] * (255 / DIGITS_LEVELS)  # (N, 1, 8, 8)
+    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    x = x.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).expand(-1, -1, -1, 3).contiguous()
+    y = torch.from_numpy(data.target.astype(np.int64))
+    train, test = train_test_split(np.arange(len(y)), test_size=DIGITS_TEST, stratify=data.target,
+                                   random_state=0)
+    train, test = torch.from_numpy(np.sort(train)), torch.from_numpy(np.sort(test))
+    return x[train], y[train], x[test], y[test]
+
+
+def digits_probe(size: int = 32) -> ProbeData:
+    return ProbeData(*digits(size), n_classes=10)
+
+
+@torch.no_grad()
+def embed(backbone: nn.Module, images: Tensor, input_size: int, batch_size: int = 256) -> Tensor:
+    """L2-normalised features (N, D) of uint8 (N, S, S, 3) ``images`` at ``input_size`` px, eval mode."""
+    was_training = backbone.training
+    backbone.eval()
+    device = next(backbone.parameters()).device
+    out = [backbone(eval_batch(images[i:i + batch_size].to(device), input_size)).float()
+           for i in range(0, len(images), batch_size)]
+    backbone.train(was_training)
+    return F.normalize(torch.cat(out), dim=1).cpu()
+
+
+def knn_predict(train_f: Tensor, train_y: Tensor, test_f: Tensor, n_classes: int, k: int = KNN_K,
+                temperature: float = KNN_TEMPERATURE) -> Tensor:
+    """Predicted classes (M,) of the test features: a vote of the k most cosine-similar training features,
+    each weighted exp(similarity / temperature) (Wu et al. 2018)."""
+    sim = test_f @ train_f.T  # (M, N), features are L2-normalised
+    top, idx = sim.topk(min(k, len(train_f)), dim=1)  # (M, k)
+    votes = torch.zeros(len(test_f), n_classes, dtype=sim.dtype)
+    votes.scatter_add_(1, train_y[idx], (top / temperature).exp())
+    return votes.argmax(1)
+
+
+def knn_accuracy(train_f: Tensor, train_y: Tensor, test_f: Tensor, test_y: Tensor, n_classes: int) -> float:
+    return float((knn_predict(train_f, train_y, test_f, n_classes) == test_y).double().mean())
+
+
+def linear_accuracy(train_f: Tensor, train_y: Tensor, test_f: Tensor, test_y: Tensor) -> float:
+    """Test accuracy of a multinomial logistic regression (L2, C = 1) on standardised frozen features."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    scaler = StandardScaler().fit(train_f.numpy())
+    clf = LogisticRegression(max_iter=2000).fit(scaler.transform(train_f.numpy()), train_y.numpy())
+    return float(clf.score(scaler.transform(test_f.numpy()), test_y.numpy()))
+
+
+def probe(backbone: nn.Module, data: ProbeData, input_size: int, linear: bool = True) -> dict[str, float]:
+    """{"knn_acc"} (and {"linear_acc"}) of ``backbone``'s frozen features on ``data``."""
+    train_f, test_f = embed(backbone, data.train_x, input_size), embed(backbone, data.test_x, input_size)
+    out = {"knn_acc": knn_accuracy(train_f, data.train_y, test_f, data.test_y, data.n_classes)}
+    if linear:
+        out["linear_acc"] = linear_accuracy(train_f, data.train_y, test_f, data.test_y)
+    return out
+
+
+PROBES = {"digits": digits_probe}  # the labelled sets `pretrain --probe` knows (analyze probe: any dataset)

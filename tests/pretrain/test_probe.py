@@ -1,0 +1,65 @@
+"""kNN and linear probes of frozen backbones (pretrain.probe), `pretrain --probe` and `analyze probe`."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.nn.functional as F
+
+from analysis.cli import main as analyze
+from pretrain.cli import main as pretrain
+from pretrain.probe import digits, knn_predict, linear_accuracy
+
+
+def _slow_knn(train_f, train_y, test_f, n_classes, k, temperature):
+    """The definition, one test point at a time."""
+    out = []
+    for f in test_f:
+        sims = [(float(f @ g), int(y)) for g, y in zip(train_f, train_y, strict=True)]
+        votes = [0.0] * n_classes
+        for s, y in sorted(sims, reverse=True)[:k]:
+            votes[y] += torch.tensor(s / temperature, dtype=torch.float64).exp().item()
+        out.append(max(range(n_classes), key=votes.__getitem__))
+    return torch.tensor(out)
+
+
+def test_knn_matches_the_definition():
+    g = torch.Generator().manual_seed(0)
+    train_f = F.normalize(torch.randn(60, 5, generator=g, dtype=torch.float64), dim=1)
+    test_f = F.normalize(torch.randn(25, 5, generator=g, dtype=torch.float64), dim=1)
+    train_y = torch.randint(0, 4, (60,), generator=g)
+    for k, t in ((1, 0.1), (7, 0.1), (20, 0.5)):
+        assert torch.equal(knn_predict(train_f, train_y, test_f, 4, k, t), _slow_knn(train_f, train_y, test_f,
+                                                                                     4, k, t))
+
+
+def test_linear_probe_separates_separable_features():
+    g = torch.Generator().manual_seed(1)
+    y = torch.arange(90) % 3
+    f = F.one_hot(y, 3).double() * 5 + 0.1 * torch.randn(90, 3, generator=g, dtype=torch.float64)
+    assert linear_accuracy(f[:60], y[:60], f[60:], y[60:]) == 1.0
+
+
+def test_digits_is_the_federate_split():
+    train_x, train_y, test_x, test_y = digits(32)
+    assert train_x.shape == (1437, 32, 32, 3) and test_x.shape == (360, 32, 32, 3)
+    assert train_x.dtype == torch.uint8 and sorted(set(test_y.tolist())) == list(range(10))
+
+
+def test_pretrain_logs_the_probe_and_analyze_probes_the_checkpoint(tmp_path, capsys):
+    out = tmp_path / "p.ckpt"
+    code = pretrain(["fps", "--arch", "resnet20", "--width", "0.25", "--size", "16", "--epochs", "3",
+                     "--pairs-per-epoch", "32", "--batch-size", "16", "--device", "cpu", "--quiet",
+                     "--out", str(out), "--probe", "digits", "--probe-every", "2"])
+    assert code == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (tmp_path / "p.run" / "metrics.jsonl").read_text().splitlines()]
+    assert [("probe_knn_acc" in r) for r in rows] == [False, True, True]  # every 2 epochs and the last
+    assert "probe_init_knn_acc" in rows[0] and all(0 <= r.get("probe_knn_acc", 0) <= 1 for r in rows)
+    capsys.readouterr()
+    assert analyze(["probe", str(out), "--device", "cpu", "--out", str(tmp_path / "an")]) == 0
+    record = json.loads((tmp_path / "an" / "probe.json").read_text())
+    (row,) = record["rows"]
+    assert row["input_size"] == 16 and row["arch"] == "resnet20"
+    assert 0.1 <= row["random_init"]["knn_acc"] <= 1 and 0 <= row["probe"]["linear_acc"] <= 1
+    assert "random init" in capsys.readouterr().out
