@@ -71,6 +71,10 @@ class RunOptions(RunFlags):
                                 default_text="no probe")
     probe_every: int = setting(1, "epochs between probes (and after the last)", within="[1, inf)",
                                group="run")
+    keep_every: int | None = setting(None, "also keep the checkpoint of every N-th epoch beside --out "
+                                           "(fps.ckpt -> fps.e0004.ckpt), e.g. for a pre-training budget "
+                                           "study", within="[1, inf)", metavar="N", group="run",
+                                     default_text="only the last")
 
     def __post_init__(self) -> None:
         check(self)

@@ -193,10 +193,17 @@ def _train(cfg: PretrainConfig, opts: RunOptions, run: RunDir, device: torch.dev
         ckpt = make_checkpoint(method.backbone, arch=cfg.arch, width=cfg.width, method=cfg.method,
                                source=cfg.source, epoch=epoch + 1, config=config)
         save_checkpoint(ckpt, opts.out)
+        if opts.keep_every and (epoch + 1) % opts.keep_every == 0:
+            save_checkpoint(ckpt, kept_path(opts.out, epoch + 1))
         last = record
         if opts.progress:
             tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in record.items()}))
     return last
+
+
+def kept_path(out, epoch: int):
+    """Where ``--keep-every`` keeps the checkpoint of ``epoch``: fps.ckpt -> fps.e0004.ckpt."""
+    return out.with_name(f"{out.stem}.e{epoch:04d}{out.suffix}")
 
 
 def _probe(method: Method, data, cfg: PretrainConfig, prefix: str = "") -> dict:
