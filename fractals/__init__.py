@@ -6,3 +6,5 @@ Similarity (FPS) pairs on the fly (Chen et al., ICLR 2023, §4.2, Appendix A.1: 
 single-fractal baselines. Importing the package loads nothing: numba is paid for only by the modules that
 render.
 """
+
+import fpsfl.base  # noqa: F401,E402 (sets the OpenMP wait before torch loads: see fpsfl.base)
