@@ -24,10 +24,12 @@ IMAGENET_FILES = {
 }
 
 
-# checkpoints that ship with fpsfl, made by its own `pretrain` with the paper's recipe (Appendix A.2)
+# checkpoints that ship with fpsfl, made by its own `pretrain` (weights/README.md says how each was made):
+# the paper's recipe (Appendix A.2, a GPU run) and the CPU run that ships until one is lent
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 SHIPPED = {"fps-resnet20": WEIGHTS / "fps-resnet20.ckpt",
-           "fps-mocov2-resnet20": WEIGHTS / "fps-mocov2-resnet20.ckpt"}
+           "fps-mocov2-resnet20": WEIGHTS / "fps-mocov2-resnet20.ckpt",
+           "fps-resnet20-cpu-512k": WEIGHTS / "fps-resnet20-cpu-512k.ckpt"}
 
 
 def shipped_path(name: str) -> Path:

@@ -35,13 +35,23 @@ def _analyses(fl: list[Run], fig: Path) -> dict[str, float]:
     return seconds
 
 
+def _label(run: Run) -> str:
+    """fl-fps-s1 -> fps; cl-random -> random."""
+    name = run.name.split("-", 1)[1]
+    return name.rsplit("-s", 1)[0] if not run.config.centralized else name
+
+
 def plot_accuracy(runs: list[Run], path: Path) -> None:
-    """Test accuracy per round (a centralised 'round' is local-epochs epochs on the union of clients)."""
+    """Test accuracy per round, one colour per init, one line per seed (a centralised 'round' is
+    local-epochs epochs on the union of the clients; dashed)."""
     fig, (ax,) = new_figure()
-    for i, run in enumerate(runs):
+    labels = sorted({_label(r) for r in runs})
+    for run in runs:
         style = "--" if run.config.centralized else "-"
+        seed_zero = run.config.centralized or run.config.seed == min(r.config.seed for r in runs)
         ax.plot([r["round"] for r in run.metrics], [r["test_acc"] for r in run.metrics], style,
-                color=f"C{i // 2}", label=run.name)
+                color=f"C{labels.index(_label(run))}", alpha=1.0 if seed_zero else 0.45,
+                label=run.name if seed_zero else None)
     ax.set(xlabel="round", ylabel="test accuracy", title="global test accuracy (dashed: centralised)")
     ax.legend(fontsize=7)
     save_figure(fig, path)
@@ -49,49 +59,57 @@ def plot_accuracy(runs: list[Run], path: Path) -> None:
 
 @dataclass(frozen=True)
 class Curve:
-    """A run's test accuracy in points: the final round, the mean and std of the last TAIL rounds."""
+    """An init's federated test accuracy in points over its seeds: the final round's mean and std, the
+    mean of the last TAIL rounds, and the largest round-to-round spread (std) of one seed's last rounds."""
     final: float
+    final_std: float
     tail_mean: float
-    tail_std: float
+    spread: float
+    seeds: int
 
     @classmethod
-    def of(cls, run: Run) -> Curve:
-        accs = 100 * np.array([r["test_acc"] for r in run.rows_with("test_acc")][-TAIL:])
-        return cls(float(accs[-1]), float(accs.mean()), float(accs.std()))
-
-
-def _curves(runs: list[Run]) -> dict[str, Curve]:
-    return {run.name: Curve.of(run) for run in runs}
+    def of(cls, runs: list[Run]) -> Curve:
+        accs = [100 * np.array([r["test_acc"] for r in run.rows_with("test_acc")][-TAIL:]) for run in runs]
+        finals = np.array([a[-1] for a in accs])
+        return cls(float(finals.mean()), float(finals.std(ddof=1)) if len(finals) > 1 else 0.0,
+                   float(np.mean([a.mean() for a in accs])), float(max(a.std() for a in accs)), len(runs))
 
 
 def _verdict(final_diff: float, tail_diff: float, noise: float) -> str:
     """Helped / did not help only when the last round and the last-rounds mean agree beyond the noise."""
     if abs(final_diff) < noise or abs(tail_diff) < noise or (final_diff > 0) != (tail_diff > 0):
-        return (f"No clear difference at this budget: the gap is within the noise of one seed ({noise:.1f} "
-                "points, the larger of 1 point and the runs' round-to-round spread) or changes sign.")
+        return (f"No clear difference at this budget: the gap is within the noise ({noise:.1f} points, "
+                "the largest of 1 point, the seeds' std and a run's round-to-round spread) or changes sign.")
     return ("FPS pre-training helped at this budget." if final_diff > 0 else
             "FPS pre-training did **not** help at this budget.")
 
 
 def reading(runs: list[Run], note: str) -> list[str]:
     """What the numbers say, computed from them, and how the budget differs from the paper's."""
-    c = _curves(runs)
-    fl_r, fl_f, cl_r, cl_f = c["fl-random"], c["fl-fps"], c["cl-random"], c["cl-fps"]
-    noise = max(NOISE, fl_r.tail_std, fl_f.tail_std)
-    final_diff, tail_diff = fl_f.final - fl_r.final, fl_f.tail_mean - fl_r.tail_mean
-    lines = [f"- Federated: FPS init {fl_f.final:.1f}% vs random init {fl_r.final:.1f}% at the last round "
-             f"({final_diff:+.1f} points); over the last {TAIL} rounds {fl_f.tail_mean:.1f}% vs "
-             f"{fl_r.tail_mean:.1f}% ({tail_diff:+.1f}), with a round-to-round spread (std) of "
-             f"{fl_f.tail_std:.1f} and {fl_r.tail_std:.1f} points. One seed. "
-             + _verdict(final_diff, tail_diff, noise)]
-    gap_r, gap_f = cl_r.final - fl_r.final, cl_f.final - fl_f.final
-    lines.append(f"- ΔCL-FL (centralised − federated): random {gap_r:.1f} points, FPS {gap_f:.1f} points. "
-                 "The paper finds pre-training shrinks this gap; "
-                 + _agrees(gap_f - gap_r, noise, f"within {noise:.1f} points"))
-    lines += _oracle_lines({r.name: r for r in runs})
+    fl = {label: Curve.of([r for r in runs if not r.config.centralized and _label(r) == label])
+          for label in sorted({_label(r) for r in runs if not r.config.centralized})}
+    cl = {_label(r): Curve.of([r]) for r in runs if r.config.centralized}
+    base = fl["random"]
+    lines = [f"- Federated, random init: {base.final:.1f} ± {base.final_std:.1f}% at the last round over "
+             f"{base.seeds} seeds (chance: 10%)."]
+    for label in (k for k in fl if k != "random"):
+        other = fl[label]
+        noise = max(NOISE, base.final_std, other.final_std, base.spread, other.spread)
+        final_diff, tail_diff = other.final - base.final, other.tail_mean - base.tail_mean
+        lines.append(f"- {label} init: {other.final:.1f} ± {other.final_std:.1f}% vs random "
+                     f"{base.final:.1f} ± {base.final_std:.1f}% at the last round ({final_diff:+.1f} "
+                     f"points); over the last {TAIL} rounds {other.tail_mean:.1f}% vs {base.tail_mean:.1f}% "
+                     f"({tail_diff:+.1f}). " + _verdict(final_diff, tail_diff, noise))
+    if "random" in cl and "fps" in cl:
+        gap_r, gap_f = cl["random"].final - base.final, cl["fps"].final - fl["fps"].final
+        lines.append(f"- ΔCL-FL (centralised, one seed − federated mean): random {gap_r:.1f} points, FPS "
+                     f"{gap_f:.1f} points. The paper finds pre-training shrinks this gap; "
+                     + _agrees(gap_f - gap_r, max(NOISE, base.final_std, fl["fps"].final_std),
+                               "within the seeds' noise"))
+    lines += _oracle_lines({r.name.rsplit("-s", 1)[0]: r for r in runs
+                            if not r.config.centralized and r.rows_with("convex")})
     lines.append(f"- Budget: {note}. The paper's gains come from its full budget; a tiny pre-training run "
-                 "mostly teaches low-level filters, so expect smaller or no gains here, and one seed on "
-                 "360 test images can move by several points from round to round.")
+                 "mostly teaches low-level filters, so expect smaller or no gains here.")
     return lines
 
 
@@ -107,9 +125,11 @@ def _tracked(run: Run) -> tuple[float, float, int] | None:
 def _oracle_lines(by_name: dict[str, Run]) -> list[str]:
     """§6.2's two findings, random init against each FPS init: pre-training leaves less to gain from a
     better convex combination (Fig. 7) and makes the loss less sensitive to the weights λ (Fig. 8)."""
+    if "fl-random" not in by_name:
+        return []
     base = _tracked(by_name["fl-random"])
     lines = []
-    for name in ("fl-fps", "fl-fps-paper"):
+    for name in ("fl-fps", "fl-fps-shipped"):
         other = _tracked(by_name[name]) if name in by_name else None
         if base is None or other is None:
             continue
@@ -129,7 +149,7 @@ def _oracle_lines(by_name: dict[str, Run]) -> list[str]:
 def _agrees(change: float, noise: float, within: str) -> str:
     """Whether an FPS-minus-random ``change`` goes the paper's way (down), beyond ``noise``."""
     if abs(change) < noise:
-        return f"here the two are {within} of each other: too close to call with one seed."
+        return f"here the two are {within} of each other: too close to call."
     return "so it does here." if change < 0 else "here it does not."
 
 
@@ -140,10 +160,13 @@ def pretraining_line(out: Path) -> str:
     spread = 1 / math.sqrt(config["method"]["proj_dim"])  # z_std of l2-normalised outputs that spread
     last = rows[-1]
     state = "collapsed" if last["z_std"] < 0.1 * spread else "not collapsed"
+    probe = (f" kNN probe on digits (frozen features): {100 * last['probe_knn_acc']:.1f}% after "
+             f"pre-training, {100 * rows[0]['probe_init_knn_acc']:.1f}% at random init."
+             if "probe_knn_acc" in last and "probe_init_knn_acc" in rows[0] else "")
     return (f"Pre-training (FPS + SimSiam, ResNet20, 32 px): {len(rows)} epochs × "
             f"{config['pretrain']['pairs_per_epoch']:,} pairs, last epoch's loss {last['loss']:.3f} (−1: the "
             f"two views agree perfectly), projector-output spread z_std {last['z_std']:.4f} ({state}; about "
-            f"{spread:.3f} while the outputs spread, 0 when SimSiam collapses).")
+            f"{spread:.3f} while the outputs spread, 0 when SimSiam collapses).{probe}")
 
 
 def write_report(out: Path, steps, budget, budget_name: str, t0: float) -> str:
@@ -151,22 +174,25 @@ def write_report(out: Path, steps, budget, budget_name: str, t0: float) -> str:
     fig = out / "figures"
     fig.mkdir(parents=True, exist_ok=True)
     runs = load_runs([str(s.extra["run"]) for s in steps if s.extra])
-    fl = [r for r in runs if not r.config.centralized]
+    tracked = [r for r in runs if r.rows_with("convex")]
     seconds = {s.name: s.seconds for s in steps}
-    seconds.update(_analyses(fl, fig))
+    seconds.update(_analyses(tracked, fig))
     table = to_markdown(build_tables([final_entry(r) for r in runs]), title=False, level=3)
     plot_accuracy(runs, fig / "accuracy.png")
-    shutil.copyfile(fl[0].path / "partition.png", fig / "partition.png")
+    shutil.copyfile(tracked[0].path / "partition.png", fig / "partition.png")
     timing = ["| step | seconds |", "|---|---:|"] + [
         f"| {name} | {'done earlier' if s is None else f'{s:.0f}'} |" for name, s in seconds.items()]
     total = time.perf_counter() - t0
     md = [f"# fpsfl demo ({budget_name} budget)", "",
-          "FPS pre-training vs random init for FedAvg on scikit-learn's digits (10 clients, Dir(α = 0.1), "
-          "full participation, seed 0), after Chen et al., ICLR 2023, Table 2 and §6.", "",
+          "FPS pre-training vs random init for FedAvg on scikit-learn's digits (10 clients, Dir(α = 0.3), "
+          f"full participation, {budget.rounds} rounds, seeds {', '.join(map(str, budget.seeds))}), after "
+          "Chen et al., ICLR 2023, Table 2 and §6. The setting was chosen with random init only.", "",
           "## Results", "",
-          "Final-round test accuracy (%) on digits' 360 test images, one seed; ΔCL-FL = Centralised − "
-          "Federated (Table 2's layout). A centralised 'round' is the same number of local epochs on the "
-          "union of the clients' data.", "", table, pretraining_line(out), "",
+          "Final-round test accuracy (%) on digits' 360 test images: federated runs as mean ± std over the "
+          "seeds (n), the centralised baseline one seed; ΔCL-FL = Centralised − Federated (Table 2's "
+          "layout). A centralised 'round' is the same number of local epochs on the union of the clients' "
+          "data. The analyses (dynamics, convex, variance) use the seed-0 runs.", "", table,
+          pretraining_line(out), "",
           "## What the numbers say", "", *reading(runs, budget.note), "",
           "## Figures", "",
           "Partition (clients × classes):", "", "![partition](figures/partition.png)", "",

@@ -22,13 +22,14 @@ def test_demo_smoke_writes_the_report(tmp_path, capsys):
     assert len(rows) == 2
     for row in rows:
         numbers = [float(x) for x in re.findall(r"-?\d+\.\d+", row)]
-        assert len(numbers) == 3 and all(math.isfinite(x) for x in numbers)
-        fl, cl, delta = numbers
+        assert len(numbers) == 4 and all(math.isfinite(x) for x in numbers)  # FL mean ± std, CL, ΔCL-FL
+        fl, _, cl, delta = numbers
         assert abs(cl - fl - delta) < 0.11  # ΔCL-FL = CL − FL (rounded to one decimal)
+        assert "(n=2)" in row  # the smoke budget's two seeds
     assert "| random" in printed  # the table is printed at the end
     # a second invocation finds every step done and only redoes the analyses and the report
     assert main(["demo", "--budget", "smoke", "--out", str(out), "--device", "cpu"]) == 0
-    assert capsys.readouterr().out.count("already done") == 5
+    assert capsys.readouterr().out.count("already done") == 7  # pre-training, 2 x 2 federated, 2 centralised
 
 
 def test_bad_budget_is_one_line_and_exit_2(capsys):
