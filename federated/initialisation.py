@@ -108,6 +108,15 @@ def init_sha256(init: str) -> str | None:
     return digest.hexdigest()
 
 
+def pretraining_size(init: str, init_format: str = "fpsfl") -> int | None:
+    """The input side a ``pretrain`` checkpoint was pre-trained at (its config's ``pretrain.size``), or None
+    for random, imagenet, a plain state dict, or a checkpoint that does not say."""
+    if init_format != "fpsfl" or init in ("random", "imagenet"):
+        return None
+    size = load_checkpoint(init_file(init))["config"].get("pretrain", {}).get("size")
+    return int(size) if isinstance(size, int) else None
+
+
 def check_init(arch: str, width: float, init: str, init_format: str = "fpsfl") -> None:
     """Everything :func:`initialise` checks (the file exists, loads, matches arch and width tensor by
     tensor), on a throw-away backbone and without touching the global RNG: run before slow data loading."""

@@ -7,6 +7,7 @@ whole run (:class:`fpsfl.base.rundir.RunDir`), and a round whose loss or weights
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -20,9 +21,9 @@ from fpsfl.base.device import resolve_device
 from fpsfl.base.rundir import RunDir, RunDirError
 
 from .algorithms import ALGORITHMS
-from .datasets import ImageData
+from .datasets import DATASETS, ImageData
 from .experiment import FederateConfig, RunOptions
-from .initialisation import check_init, init_sha256
+from .initialisation import check_init, init_sha256, pretraining_size
 from .local import DivergenceError, make_optimizer
 from .oracle.tracking import Tracker
 from .rounds import centralized_round, client_batch, train_round
@@ -38,10 +39,36 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) ->
     device = resolve_device(opts.device)
     rundir = RunDir(opts.out)
     with rundir.session(opts.resume):  # before the (slow) data loading, and before anything is written
-        if not opts.resume:
+        if opts.resume:
+            cfg = _as_started(cfg, rundir)
+        else:
             check_init(cfg.arch, cfg.width, cfg.init, cfg.init_format)  # a bad --init fails before the data
+            cfg, size_note = _input_size(cfg)
+            if size_note and opts.progress:
+                tqdm.write(size_note)
         s = setup(cfg, device, data, load_init=not opts.resume)  # a resumed run's model is in state.pt
         return _rounds(s, cfg, opts, rundir, device)
+
+
+def _input_size(cfg: FederateConfig) -> tuple[FederateConfig, str]:
+    """Without --input-size, a classification run from a pretrain checkpoint sees the size the checkpoint
+    was pre-trained at (a 32 px checkpoint on a folder of 32 px images trained at 224 px, 49x the work)."""
+    if cfg.input_size is not None or DATASETS[cfg.dataset].task != "classification":
+        return cfg, ""
+    size = pretraining_size(cfg.init, cfg.init_format)
+    if size is None:
+        return cfg, ""
+    return (dataclasses.replace(cfg, input_size=size),
+            f"input {size} px: the size {cfg.init} was pre-trained at (--input-size to change it)")
+
+
+def _as_started(cfg: FederateConfig, rundir: RunDir) -> FederateConfig:
+    """The config of a resumed run with the input size it started with when none is given now (it may
+    have come from the --init checkpoint, which need not be there any more)."""
+    saved = rundir.saved_config().get("federate", {})
+    if cfg.input_size is None and saved.get("input_size") is not None:
+        return dataclasses.replace(cfg, input_size=int(saved["input_size"]))
+    return cfg
 
 
 def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir,

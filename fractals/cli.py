@@ -10,11 +10,14 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from fpsfl.base.cli import Parser, UsageError, positive, run_main
 
 from .ifs import PAPER_BANK, BankError, bank_or_sample, sample_codes, save_bank
 from .preview import make_cells, write_grid
-from .scenes import RenderConfig
+from .scenes import LOOKS, RenderConfig, fps_pairs
+from .stats import OFFICIAL_32PX, view_stats
 from .stream import KINDS
 from .throughput import measure
 
@@ -35,11 +38,29 @@ def cmd_bank(args: argparse.Namespace) -> None:
 
 def cmd_preview(args: argparse.Namespace) -> None:
     positive("--n", args.n)
-    cfg = RenderConfig.preset(_size(args.size))
+    cfg = RenderConfig.preset(_size(args.size), look=args.look)
     images = make_cells(args.kind, bank_or_sample(args.bank, args.seed), cfg, args.n, args.seed, args.augs)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     height, width = write_grid(images, args.out)
     print(f"wrote {args.out} ({width}x{height} px, {args.n} {args.kind} cells)")
+
+
+def cmd_stats(args: argparse.Namespace) -> None:
+    positive("--pairs", args.pairs)
+    cfg = RenderConfig.preset(_size(args.size), look=args.look)
+    views, _, _ = fps_pairs(bank_or_sample(args.bank, args.seed), cfg, args.pairs,
+                            np.random.default_rng(args.seed))
+    record = {"look": args.look, "size": cfg.size, "pairs": args.pairs, **view_stats(views.reshape(
+        -1, cfg.size, cfg.size, 3))}
+    if cfg.size == 32:
+        record["official_32px"] = OFFICIAL_32PX
+    if args.json:
+        print(json.dumps(record))
+    else:
+        print(f"{args.look} look, {args.pairs} pairs at {cfg.size} px: non-black {record['coverage']:.2f} ± "
+              f"{record['coverage_std']:.2f}, adjacent colour difference "
+              f"{record['adjacent_difference']:.2f}, covered value {record['covered_value']:.2f}"
+              + (" (official generator: 0.36 ± 0.09, 0.36, 0.37)" if cfg.size == 32 else ""))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -78,7 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
     v.add_argument("--augs", action="store_true", help="also apply the image-level augmentations")
     v.add_argument("--out", default="preview.png", help="output PNG path (default: preview.png)")
+    v.add_argument("--look", choices=LOOKS, default="paper", help="paper: the official generator's "
+                   "(default); sparse: this project's first renderer")
     v.set_defaults(run=cmd_preview)
+
+    t = sub.add_parser("stats", help="coverage, adjacent colour difference and brightness of FPS views, "
+                       "against the official generator's")
+    t.add_argument("--look", choices=LOOKS, default="paper", help="paper (default) | sparse")
+    t.add_argument("--size", type=int, default=32, help="image side in px (default 32)")
+    t.add_argument("--pairs", type=int, default=200, help="pairs rendered (default 200)")
+    t.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    t.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
+    t.add_argument("--json", action="store_true", help="print one JSON line instead of a sentence")
+    t.set_defaults(run=cmd_stats)
 
     m = sub.add_parser("bench", help="measure FPS pair throughput (one worker = one core)")
     m.add_argument("--size", type=int, default=32,

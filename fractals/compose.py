@@ -113,6 +113,44 @@ def composite(view, gsum, cover, n, oy, ox, dihedral, hue, sat, val, knots):
 
 
 @nb.njit(cache=True)
+def colour(graded, mask, r, hue, sat, val, knots, rgb):
+    """The r x r instance in colour, planar rgb (3, r, r): mask * HSV(hue + grade, sat, val), the official
+    generator's order (colour first, then resize). knots: (6, 6) scratch for :func:`hue_knots`."""
+    hue_knots(sat, val, knots)
+    for a in range(r):
+        for b in range(r):
+            c = mask[a, b]
+            if c > 0.0:
+                h6 = (hue + graded[a, b]) * 6.0
+                h6 = h6 - 6.0 if h6 >= 6.0 else h6
+                k = min(int(h6), 5)
+                f = h6 - k
+                for ch in range(3):
+                    rgb[ch, a, b] = c * (knots[k, ch] + f * knots[k, ch + 3])
+            else:
+                for ch in range(3):
+                    rgb[ch, a, b] = 0.0
+
+
+@nb.njit(cache=True)
+def composite_rgb(view, rgb, n, oy, ox, dihedral):
+    """Max-composite a coloured planar (3, n, n) instance onto ``view`` (S, S, 3), flipped by ``dihedral``
+    and placed at (oy, ox) as :func:`composite` does; black pixels are skipped."""
+    s_view = view.shape[0]
+    for a in range(n):
+        for b in range(n):
+            if rgb[0, a, b] > 0.0 or rgb[1, a, b] > 0.0 or rgb[2, a, b] > 0.0:
+                p = n - 1 - a if dihedral & 1 else a
+                q = n - 1 - b if dihedral & 2 else b
+                if dihedral & 4:
+                    p, q = q, p
+                y, x = p + oy, q + ox
+                if 0 <= y < s_view and 0 <= x < s_view:
+                    for ch in range(3):
+                        view[y, x, ch] = max(view[y, x, ch], rgb[ch, a, b])
+
+
+@nb.njit(cache=True)
 def gaussian_kernel(sigma, radius, out):
     """Normalised 1-D Gaussian weights, out[0 .. 2 * radius]."""
     total = 0.0

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import numba as nb
 import numpy as np
 
-from .compose import composite, gaussian_blur, resize_bilinear, to_uint8
+from .compose import colour, composite, composite_rgb, gaussian_blur, resize_bilinear, to_uint8
 from .ifs import MAX_MAPS, CodeBank
 from .render import (
     CHAINS,
@@ -34,10 +34,13 @@ from .render import (
     uniform,
 )
 
+LOOKS = ("paper", "sparse")  # see RenderConfig.preset
+
 
 @dataclass(frozen=True)
 class RenderConfig:
-    """How one view is rendered. Defaults are the 32 px setting; see :meth:`preset` for 224 px."""
+    """How one view is rendered. Defaults are the 32 px setting of the official generator's look; see
+    :meth:`preset` for 224 px and for the ``sparse`` look of this project's first renderer."""
 
     size: int = 32  # output side, px (32 px for CIFAR-scale pre-training, §4.2)
     points: int = 1000  # chaos-game points per instance (Appendix A.1.2: 1K at 32 px, 100K at 224 px)
@@ -50,19 +53,35 @@ class RenderConfig:
     saturation: tuple[float, float] = (0.3, 1.0)  # HSV saturation, uniform (A.1.2)
     value: tuple[float, float] = (0.5, 1.0)  # HSV value, uniform (A.1.2)
     flips: bool = True  # random flips / transpose of each instance (the 8 dihedral symmetries)
-    patch_p: float = 0.0  # probability that an instance splats random 3x3 patches (Anderson & Farrell 2022)
+    patch_p: float = 1.0  # probability that an instance stamps a random 3x3 binary patch at every point
     blur_p: float = 0.5  # probability of a Gaussian blur of the whole view (A.1.2)
-    blur_sigma: tuple[float, float] = (0.1, 1.0)  # blur sigma, px of the output, uniform
+    blur_sigma: tuple[float, float] = (0.5, 2.0)  # blur sigma, px of the output, uniform
+    blur_radius: int = 1  # px: a 3x3 kernel, as the official generator; 0: ceil(2 sigma)
+    render_full: bool = True  # render each instance at the view's side, then resize it to its placed size
+    colour_first: bool = True  # colour at render resolution, then resize the colours (else resize, colour)
 
     @classmethod
-    def preset(cls, size: int, **overrides) -> RenderConfig:
-        """The paper's setting for a given output size: 32 px (CIFAR) or >= 64 px (224 px recipe)."""
+    def preset(cls, size: int, look: str = "paper", **overrides) -> RenderConfig:
+        """The paper's setting for a given output size: 32 px (CIFAR) or >= 64 px (224 px recipe).
+
+        ``look="paper"`` (the default) follows the official generator (andytu28/FPS_Pre-training,
+        ``SelfSupGenerator`` as ``main_simsiam.py`` calls it at 32 px): each instance rendered on the full
+        canvas, with a random binary 3x3 patch stamped at every point, coloured (hue = count / max count
+        + an offset) and then resized bilinearly to its placed size, and a 3x3 view blur with sigma
+        ~ U(0.5, 2) at p = 0.5. ``look="sparse"`` is this project's first renderer: instances rendered at
+        their placed size without patches, coloured after the resize, blur sigma ~ U(0.1, 1) (U(0.1, 2)
+        above 32 px) with a kernel of radius ceil(2 sigma); its views are sparser, more speckled and
+        brighter (``fractals stats``)."""
         if size < 16:
             raise ValueError(f"size must be at least 16 px, got {size}")
-        if size <= 32:
-            base = cls(size=size)
-        else:  # Appendix A.1.2, 224 px: 100K points rendered at 112^2, I ~ U{2..5}
-            base = cls(size=size, points=100_000, codes_per_image=(2, 5), blur_sigma=(0.1, 2.0))
+        if look not in LOOKS:
+            raise ValueError(f"look must be one of {', '.join(LOOKS)}, got {look!r}")
+        base = cls(size=size)
+        if size > 32:  # Appendix A.1.2, 224 px: 100K points rendered at 112^2, I ~ U{2..5}
+            base = cls(size=size, points=100_000, codes_per_image=(2, 5))
+        if look == "sparse":
+            base = cls(**{**asdict(base), "patch_p": 0.0, "blur_radius": 0, "render_full": False,
+                          "colour_first": False, "blur_sigma": (0.1, 1.0) if size <= 32 else (0.1, 2.0)})
         return cls(**{**asdict(base), **overrides})
 
     def __post_init__(self) -> None:
@@ -75,6 +94,7 @@ class RenderConfig:
             "scale must satisfy 0 < lo <= hi": 0 < self.scale[0] <= self.scale[1],
             "off_canvas must lie in [0, 0.5)": 0 <= self.off_canvas < 0.5,
             "probabilities must lie in [0, 1]": 0 <= self.patch_p <= 1 and 0 <= self.blur_p <= 1,
+            "blur_radius must be >= 0": self.blur_radius >= 0,
         }
         for message, ok in checks.items():
             if not ok:
@@ -89,7 +109,7 @@ class RenderConfig:
 _KernelParams = namedtuple(
     "_KernelParams",
     "n_steps render_cap scale_lo scale_hi off_canvas jit_lo jit_hi jit_tries sat_lo sat_hi "
-    "val_lo val_hi flips patch_p blur_p blur_lo blur_hi",
+    "val_lo val_hi flips patch_p blur_p blur_lo blur_hi blur_radius render_full colour_first",
 )
 
 
@@ -98,6 +118,7 @@ def _kernel_params(cfg: RenderConfig) -> _KernelParams:
         cfg.points_per_instance // CHAINS, min(cfg.render_cap, cfg.size), *map(float, cfg.scale),
         float(cfg.off_canvas), *map(float, cfg.jitter), cfg.jitter_tries, *map(float, cfg.saturation),
         *map(float, cfg.value), cfg.flips, float(cfg.patch_p), float(cfg.blur_p), *map(float, cfg.blur_sigma),
+        cfg.blur_radius, cfg.render_full, cfg.colour_first,
     )
 
 
@@ -114,19 +135,21 @@ def _scratch(side, prm):
         np.empty(max(cap, big), np.int64), np.empty(max(cap, big), np.int64), np.empty(max(cap, big)),  # 6-8
         np.empty((MAX_MAPS, 6)), np.empty(MAX_MAPS), np.empty(LUT_SIZE, np.uint8),  # 9-11: jittered code
         np.empty((CHAINS, 2)), np.zeros((3, 3), np.bool_), np.empty((6, 6)),  # 12-14: starts, patch, knots
+        np.empty((3, cap, cap), np.float32), np.empty((3, big, big), np.float32),  # 15, 16: colours, resized
     )
 
 
 @nb.njit(cache=True)
 def _draw_instance(view, code, n_maps, st, prm, work):
     """Jitter, render, colour, flip, resize and place one instance of ``code`` onto ``view``."""
-    counts_buf, graded, mask, big_g, big_c, rows, i0, i1, frac, m, probs, lut, starts, patch, knots = work
+    counts_buf, graded, mask, big_g, big_c, rows, i0, i1, frac, m, probs, lut, starts, patch, knots, rgb, \
+        big_rgb = work
     side = view.shape[0]
     jitter_code(code, n_maps, st, prm.jit_lo, prm.jit_hi, prm.jit_tries, m, probs)
     build_lut(probs, lut)
     chain_starts(m, n_maps, starts)
     size = max(1, int(uniform(st, prm.scale_lo, prm.scale_hi) * side + 0.5))
-    r = min(size, prm.render_cap)
+    r = min(side if prm.render_full else size, prm.render_cap)
     patch[:] = False
     if uniform(st, 0.0, 1.0) < prm.patch_p:
         bits = next_u64(st)
@@ -137,10 +160,6 @@ def _draw_instance(view, code, n_maps, st, prm, work):
     canvas[:] = 0
     chaos_game(m, lut, starts, prm.n_steps, next_u64(st), r, canvas, patch)
     grade(canvas, r, graded, mask)
-    if r != size:  # rendered at the cap: resize grade and mask together
-        resize_bilinear(graded, r, size, big_g, rows, i0, i1, frac)
-        resize_bilinear(mask, r, size, big_c, rows, i0, i1, frac)
-        graded, mask = big_g, big_c
     hue = uniform(st, 0.0, 1.0)
     sat = uniform(st, prm.sat_lo, prm.sat_hi)
     val = uniform(st, prm.val_lo, prm.val_hi)
@@ -149,6 +168,17 @@ def _draw_instance(view, code, n_maps, st, prm, work):
     span = side - size + 2 * off + 1  # top-left positions keeping >= (1 - off_canvas) of each side inside
     oy = -off + min(int(uniform(st, 0.0, span)), span - 1)
     ox = -off + min(int(uniform(st, 0.0, span)), span - 1)
+    if prm.colour_first:  # the official order: colour at render resolution, then resize the colours
+        colour(graded, mask, r, hue, sat, val, knots, rgb)
+        if r != size:
+            for ch in range(3):
+                resize_bilinear(rgb[ch], r, size, big_rgb[ch], rows, i0, i1, frac)
+        composite_rgb(view, big_rgb if r != size else rgb, size, oy, ox, dihedral)
+        return
+    if r != size:  # rendered at another size: resize grade and mask together
+        resize_bilinear(graded, r, size, big_g, rows, i0, i1, frac)
+        resize_bilinear(mask, r, size, big_c, rows, i0, i1, frac)
+        graded, mask = big_g, big_c
     composite(view, graded, mask, size, oy, ox, dihedral, hue, sat, val, knots)
 
 
@@ -174,7 +204,7 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
                 _draw_instance(view, maps[c], n_maps[c], st, prm, work)
             if uniform(st, 0.0, 1.0) < prm.blur_p:
                 sigma = uniform(st, prm.blur_lo, prm.blur_hi)
-                radius = min(max(1, int(math.ceil(2.0 * sigma))), side // 2)
+                radius = prm.blur_radius or min(max(1, int(math.ceil(2.0 * sigma))), side // 2)
                 gaussian_blur(view, blur_tmp, sigma, radius, weights)
             to_uint8(view, out[v, b])
 

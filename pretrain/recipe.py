@@ -38,6 +38,9 @@ class PretrainConfig:
                                      "ROOT/<class>/<image>)", group="folder")
     bank: str | None = setting(None, "IFS code bank .npz from `fractals bank`", group="fractal",
                                default_text="the paper's 100K codes sampled from --seed")
+    look: str = setting("paper", "how fractals are rendered: paper (the official generator's: full-canvas "
+                                 "render, 3x3 patches, colour then resize, 3x3 blur) or sparse (this "
+                                 "project's first renderer)", choices=("paper", "sparse"), group="fractal")
     n_classes: int = setting(1000, "J, the number of fractal classes (Anderson & Farrell 2022)",
                              flag="--classes", within="[1, inf)", group="multilabel")
     amp: bool = setting(False, "bf16 autocast (use on a GPU)")

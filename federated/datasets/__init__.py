@@ -148,7 +148,9 @@ def _spec(read: Reader, store_size: int, input_size: int, needs_root: bool, desc
         data = read(cfg, stored)
         empty = data.train_x[:0]
         n_classes = len(data.classes)
-        model_input = input_size_for(input_size, stored) if task == "classification" else input_size
+        # the stored side the reader actually used (an image folder of small images keeps their own size)
+        model_input = (input_size_for(input_size, data.train_x.shape[1]) if task == "classification"
+                       else input_size)
         return ImageData(data.train_x, data.train_y, data.test_x, data.test_y, empty, data.train_y[:0],
                          n_classes, data.classes, data.clients, model_input, hflip, task)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 
-from pretrain.folder import FolderConfig, FolderError, scan
+from PIL import Image
+
+from pretrain.folder import FolderConfig, FolderError, is_image, scan
 
 from . import DataConfig, Preset, register_dataset
 from .decode import DataError, Loaded, _require_dir, decode_split
@@ -38,5 +40,22 @@ def read_imagefolder(root: str, size: int, workers: int | None = None) -> Loaded
     preset=Preset(0.01, 32, "sgd"),
 )
 def imagefolder(cfg: DataConfig, stored: int) -> Loaded:
-    """The labelled folder ``cfg.root``; its preset is the Table 9 recipe of CIFAR and Tiny-ImageNet."""
+    """The labelled folder ``cfg.root``; its preset is the Table 9 recipe of CIFAR and Tiny-ImageNet. Without
+    ``--store-size``, images smaller than the default 64 px are kept at their own side (the shorter side
+    of the first training image), so a folder of 32 px images trains at 32 px, not upsampled to 224."""
+    if cfg.store_size is None:
+        stored = min(stored, _own_side(os.path.join(os.path.expanduser(cfg.root), "train")))
     return read_imagefolder(cfg.root, stored)
+
+
+def _own_side(train_root: str) -> int:
+    """The shorter side of the first image under ``train_root`` (header only), or a large number."""
+    for folder, _, names in sorted(os.walk(train_root)):
+        for name in sorted(names):
+            if is_image(name):
+                try:
+                    with Image.open(os.path.join(folder, name)) as img:
+                        return min(img.size)
+                except OSError:
+                    return 1 << 30  # unreadable: the reader reports it
+    return 1 << 30

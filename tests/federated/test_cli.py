@@ -126,3 +126,20 @@ def test_divergence_stops_with_one_line_and_keeps_the_finished_rounds(tmp_path, 
     assert code == 1 and len(err.strip().splitlines()) == 1 and "loss became" in err
     assert "Traceback" not in err and "no round finished" in err
     assert not (tmp_path / "d").exists()  # a run that finished no round leaves nothing behind
+
+
+def test_a_checkpoint_sets_the_input_size_it_was_pre_trained_at(tmp_path, capsys):
+    """A 16 px checkpoint fine-tunes at 16 px unless --input-size says otherwise (recorded in config.json,
+    kept on --resume even after the checkpoint moved)."""
+    net = create_backbone("resnet20", 0.25)
+    save_checkpoint(make_checkpoint(net, arch="resnet20", width=0.25, method="simsiam", source="fps", epoch=1,
+                                    config={"pretrain": {"size": 16}}), tmp_path / "c16.ckpt")
+    code, _, err = _cli(["--out", tmp_path / "r", *TINY, "--init", tmp_path / "c16.ckpt", "--rounds", "1"],
+                        capsys)
+    assert code == 0, err
+    config = json.loads((tmp_path / "r" / "config.json").read_text())["config"]["federate"]
+    assert config["input_size"] == 16
+    argv = ["--out", tmp_path / "e", *TINY, "--init", tmp_path / "c16.ckpt", "--input-size", "32"]
+    assert _cli(argv, capsys)[0] == 0
+    assert json.loads((tmp_path / "e" / "config.json").read_text())["config"]["federate"]["input_size"] == 32
+

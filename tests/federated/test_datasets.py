@@ -374,7 +374,19 @@ def test_imagefolder_train_and_test_classes(tmp_path):
     assert data.classes == ["cat", "dog", "eel"] and data.input_size == 32  # stored 8 px <= 32
     assert _identify(data.train_x) == list(range(6)) and data.train_y.tolist() == [0, 0, 1, 1, 2, 2]
     assert data.test_y.tolist() == [test_owner[k] for k in _identify(data.test_x)] == [0, 2]
-    assert load_dataset(DataConfig("imagefolder", root=str(tmp_path))).input_size == 224  # stored 64 px
+    own = load_dataset(DataConfig("imagefolder", root=str(tmp_path)))  # 12 x 9 px images: kept at 9 px
+    assert own.train_x.shape[1] == 9 and own.input_size == 32
+
+
+def test_imagefolder_keeps_small_images_at_their_own_side_and_stores_large_ones_at_64_px(tmp_path):
+    for part in ("train", "test"):
+        for c in ("a", "b"):
+            _save(tmp_path / "small" / part / c / "0.png", 1, wh=(32, 32))
+            _save(tmp_path / "large" / part / c / "0.png", 1, wh=(100, 80))
+    small = load_dataset(DataConfig("imagefolder", root=str(tmp_path / "small"), val_fraction=0))
+    assert small.train_x.shape[1] == 32 and small.input_size == 32  # 32 px images train at 32 px
+    large = load_dataset(DataConfig("imagefolder", root=str(tmp_path / "large"), val_fraction=0))
+    assert large.train_x.shape[1] == 64 and large.input_size == 224  # the 224 px recipe (§4.5)
 
 
 def test_digits_shape_range_and_fixed_test_set():

@@ -94,3 +94,32 @@ def test_to_uint8_rounds_and_saturates():
     out = np.zeros((1, 2, 3), np.uint8)
     C.to_uint8(view, out)
     assert out.tolist() == [[[0, 0, 128], [255, 255, 51]]]
+
+
+def test_colour_first_matches_hsv_of_the_grade():
+    """The official order: each hit pixel coloured HSV(hue + count / max, s, v), black elsewhere."""
+    rng = np.random.default_rng(3)
+    r = 17
+    graded = rng.uniform(size=(r + 3, r + 3)).astype(np.float32)
+    mask = (rng.uniform(size=(r + 3, r + 3)) < 0.4).astype(np.float32)
+    rgb = np.full((3, r + 3, r + 3), -1, np.float32)
+    C.colour(graded, mask, r, 0.8, 0.6, 0.9, np.empty((6, 6)), rgb)
+    want = hsv_to_rgb(np.stack([np.mod(0.8 + graded[:r, :r], 1.0), np.full((r, r), 0.6),
+                                np.full((r, r), 0.9)], -1)) * mask[:r, :r, None]
+    np.testing.assert_allclose(rgb[:, :r, :r].transpose(1, 2, 0), want, atol=1e-6)
+
+
+@pytest.mark.parametrize(("code", "oy", "ox"), [(0, 3, 4), (5, -2, 20), (7, 10, -3)])
+def test_composite_rgb_places_flips_and_maxes(code, oy, ox):
+    rng = np.random.default_rng(code)
+    n, side = 9, 24
+    rgb = (rng.uniform(size=(3, n, n)) * (rng.uniform(size=(1, n, n)) < 0.5)).astype(np.float32)
+    view = rng.uniform(0, 0.5, size=(side, side, 3)).astype(np.float32)
+    want = view.copy()
+    for a, b in zip(*np.nonzero(rgb.max(0) > 0), strict=True):
+        p, q = ref.dihedral(a, b, n, code)
+        y, x = p + oy, q + ox
+        if 0 <= y < side and 0 <= x < side:
+            want[y, x] = np.maximum(want[y, x], rgb[:, a, b])
+    C.composite_rgb(view, rgb, n, oy, ox, code)
+    np.testing.assert_allclose(view, want)

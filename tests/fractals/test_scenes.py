@@ -102,7 +102,7 @@ def test_single_fractal_fills_the_view(bank):
 
 
 def test_patch_splat_thickens_strokes(bank):
-    base = RenderConfig.preset(32, blur_p=0.0, points=200)
+    base = RenderConfig.preset(32, blur_p=0.0, points=200, patch_p=0.0)
     args = (np.arange(30)[:, None], np.ones(30, np.int64), np.arange(30, dtype=np.uint64), 1)
     thin = render_batch(bank, base, *args)
     thick = render_batch(bank, replace(base, patch_p=1.0), *args)
@@ -119,3 +119,28 @@ def test_config_rejects_bad_values(bad):
 def test_render_batch_rejects_bad_shapes(bank):
     with pytest.raises(ValueError):
         render_batch(bank, RenderConfig(), np.zeros((4, 2)), np.full(4, 3), np.zeros(4, np.uint64), 2)
+
+
+def test_the_paper_look_covers_more_and_is_smoother_than_the_sparse_look(bank):
+    """The official generator's look: full-canvas renders resized down, 3x3 patches, colour then resize."""
+    from fractals.stats import view_stats
+
+    rng = np.random.default_rng(0)
+    paper = view_stats(fps_pairs(bank, RenderConfig.preset(32), 60, rng)[0].reshape(-1, 32, 32, 3))
+    rng = np.random.default_rng(0)
+    sparse = view_stats(fps_pairs(bank, RenderConfig.preset(32, look="sparse"), 60, rng)[0].reshape(
+        -1, 32, 32, 3))
+    assert paper["coverage"] > sparse["coverage"] + 0.05
+    assert paper["adjacent_difference"] < sparse["adjacent_difference"]
+    assert paper["covered_value"] < sparse["covered_value"]
+
+
+def test_view_stats_on_a_known_image():
+    from fractals.stats import view_stats
+
+    img = np.zeros((1, 4, 4, 3), np.uint8)
+    img[0, 0, 0] = img[0, 0, 1] = (255, 255, 255)  # two covered, adjacent, white pixels
+    img[0, 3, 3] = (0, 0, 51)  # one isolated dark blue pixel: value 0.2
+    stats = view_stats(img)
+    assert stats["coverage"] == pytest.approx(3 / 16) and stats["adjacent_difference"] == 0.0
+    assert stats["covered_value"] == pytest.approx((1 + 1 + 0.2) / 3)
