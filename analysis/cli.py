@@ -6,6 +6,7 @@
   analyze landscape RUN_A RUN_B RUN_C [RUN...]   2-D training-loss landscape (Fig. 9)
   analyze report RUN [RUN...]            Federated / Centralised / ΔCL-FL tables (Tables 2-5)
   analyze probe CKPT [CKPT...]           kNN and linear probe of checkpoints, beside a random init
+  analyze budget CKPT... --runs RUN...   probe and FedAvg accuracy against FPS pairs seen
 
 Analyses only read run directories (made by federate). convex and variance are ORACLE analyses on the test
 set, as in the paper. Combined models average BatchNorm statistics with the same weights as the
@@ -20,10 +21,10 @@ import sys
 
 from fpsfl.base.cli import Parser, run_main
 
-from . import dynamics, landscape, probe, report, tracked
+from . import budget, dynamics, landscape, probe, report, tracked
 from .runs import AnalysisError
 
-COMMANDS = (dynamics, tracked, landscape, report, probe)  # each registers its subcommands
+COMMANDS = (dynamics, tracked, landscape, report, probe, budget)  # each registers its subcommands
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,13 +33,32 @@ SHIPPED = {"fps-resnet20": WEIGHTS / "fps-resnet20.ckpt",
 
 
 def shipped_path(name: str) -> Path:
-    """The file behind a shipped checkpoint name; a name whose file is absent is a one-line error."""
+    """The file behind a shipped checkpoint name; an absent or unfinished one is a one-line error (a CPU run
+    that ships in parts keeps its final name, but is refused until its last epoch is written)."""
     path = SHIPPED[name]
     if not path.is_file():
-        raise InitError(f"--init {name}: this copy of fpsfl ships no {path.name} (it is made on a GPU with "
-                        f"the paper's recipe, see recipes/common.sh); pre-train one with `pretrain fps "
-                        f"--epochs 100 --out fps.ckpt` and pass --init fps.ckpt")
+        raise InitError(f"--init {name}: this copy of fpsfl ships no {path.name} (see weights/README.md); "
+                        f"pre-train one (`pretrain fps --epochs 100 --out fps.ckpt`) and pass --init fps.ckpt")
+    done, total = shipped_progress(path)
+    if done < total:
+        raise InitError(f"--init {name}: {path} is unfinished (epoch {done} of {total}); continue its run as "
+                        f"weights/README.md says, or pass the file itself as --init {path}")
     return path
+
+
+def shipped_progress(path: Path) -> tuple[int, int]:
+    """(epochs written, epochs of its recipe) of a checkpoint file."""
+    ckpt = load_checkpoint(path)
+    return ckpt["epoch"], int(ckpt["config"].get("pretrain", {}).get("epochs", ckpt["epoch"]))
+
+
+def shipped_ready(name: str) -> bool:
+    """Whether the shipped checkpoint ``name`` exists and is finished."""
+    path = SHIPPED[name]
+    if not path.is_file():
+        return False
+    done, total = shipped_progress(path)
+    return done >= total
 
 
 class InitError(ValueError):

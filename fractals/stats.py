@@ -3,9 +3,10 @@
 For uint8 views (N, S, S, 3) without image-level augmentation: the fraction of non-black pixels (coverage),
 the mean colour difference between adjacent covered pixels (speckle: the L1 distance of their RGB colours
 in [0, 1] units, summed over the channels, over horizontally and vertically adjacent pairs that are both
-covered) and the mean HSV value (max of R, G, B in [0, 1]) of covered pixels (brightness). On 200 pairs at 32 px the official generator
-(andytu28/FPS_Pre-training, ``SelfSupGenerator`` as its ``main_simsiam.py`` calls it) measured 0.36 ± 0.09,
-0.36 and 0.37 (Chen et al., ICLR 2023's own pipeline; figures from the issue that asked for this check).
+covered) and the mean HSV value (max of R, G, B in [0, 1]) of covered pixels (brightness). On 200 pairs
+at 32 px the official generator (andytu28/FPS_Pre-training, ``SelfSupGenerator`` as its
+``main_simsiam.py`` calls it) measured 0.36 ± 0.09, 0.36 and 0.37 (Chen et al., ICLR 2023's own
+pipeline; figures from the issue that asked for this check, not re-run here).
 """
 
 from __future__ import annotations

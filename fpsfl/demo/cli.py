@@ -30,7 +30,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from analysis.runs import AnalysisError
-from federated.initialisation import SHIPPED
+from federated.initialisation import shipped_ready
 from fpsfl.base.cli import Parser, UsageError, run_main
 
 SHIPPED_NAME = "fps-resnet20-cpu-512k"  # the shipped weights the demo compares with, when they ship
@@ -106,7 +106,7 @@ def plan(out: Path, budget: Budget, device: str) -> list[Step]:
                 "--probe", "digits", "--quiet"], ckpt, out / "fps.run" / "state.pt")
     steps = [pre]
     inits = [("random", "random", ()), ("fps", str(ckpt), (pre.name,))]
-    if SHIPPED[SHIPPED_NAME].is_file() and budget.width == 1.0:
+    if shipped_ready(SHIPPED_NAME) and budget.width == 1.0:
         inits.append(("fps-shipped", SHIPPED_NAME, ()))
     for label, init, after in inits:
         for seed in budget.seeds:

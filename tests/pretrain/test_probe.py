@@ -63,3 +63,28 @@ def test_pretrain_logs_the_probe_and_analyze_probes_the_checkpoint(tmp_path, cap
     assert row["input_size"] == 16 and row["arch"] == "resnet20"
     assert 0.1 <= row["random_init"]["knn_acc"] <= 1 and 0 <= row["probe"]["linear_acc"] <= 1
     assert "random init" in capsys.readouterr().out
+
+
+def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, capsys):
+    from federated.cli import main as federate
+
+    ckpts = []
+    for pairs in (32, 64):
+        out = tmp_path / f"b{pairs}.ckpt"
+        assert pretrain(["fps", "--arch", "resnet20", "--width", "0.25", "--size", "16", "--epochs", "2",
+                         "--pairs-per-epoch", str(pairs // 2), "--batch-size", "16", "--device", "cpu",
+                         "--quiet", "--out", str(out)]) == 0
+        ckpts.append(str(out))
+    tiny = ["--width", "0.25", "--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
+            "--quiet", "--alpha", "1.0", "--batch-size", "32", "--no-eval-local"]
+    for init, seed in ((ckpts[0], 0), (ckpts[0], 1), ("random", 0)):
+        name = f"fl-{'random' if init == 'random' else 'b32'}-{seed}"
+        assert federate([*tiny, "--init", init, "--seed", str(seed), "--out", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    runs = [str(tmp_path / n) for n in ("fl-b32-0", "fl-b32-1", "fl-random-0")]
+    assert analyze(["budget", *ckpts, "--runs", *runs, "--device", "cpu", "--out", str(tmp_path / "b")]) == 0
+    record = json.loads((tmp_path / "b" / "budget.json").read_text())
+    assert [p["pairs"] for p in record["points"]] == [32, 64]
+    assert len(record["points"][0]["federated"]) == 2 and record["points"][1]["federated"] == []
+    assert len(record["random_federated"]) == 1 and (tmp_path / "b" / "budget.png").is_file()
+    assert "pairs: kNN" in capsys.readouterr().out
