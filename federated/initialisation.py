@@ -38,7 +38,7 @@ def shipped_path(name: str) -> Path:
     path = SHIPPED[name]
     if not path.is_file():
         raise InitError(f"--init {name}: this copy of fpsfl ships no {path.name} (see weights/README.md); "
-                        f"pre-train one (`pretrain fps --epochs 100 --out fps.ckpt`) and pass --init fps.ckpt")
+                        f"pre-train one (pretrain fps --epochs 100 --out fps.ckpt) and pass --init fps.ckpt")
     done, total = shipped_progress(path)
     if done < total:
         raise InitError(f"--init {name}: {path} is unfinished (epoch {done} of {total}); continue its run as "
