@@ -8,8 +8,9 @@
 source "$(dirname "$0")/common.sh"
 BUDGETS=${BUDGETS:-"8192 32768 131072 524288"}
 fedavg() {  # fedavg INIT NAME SEED
-    local out="$OUT/budget-fl-$2-s$3"
-    [ -f "$out/final.pt" ] || federate --dataset digits --alpha 0.3 --clients 10 --rounds 10 --local-epochs 1 \
+    local out="$OUT/budget-fl-$2-s$3" resume=()
+    [ -f "$out/config.json" ] && resume=(--resume)  # an interrupted study continues where it stopped
+    [ -f "$out/final.pt" ] || federate "${resume[@]}" --dataset digits --alpha 0.3 --clients 10 --rounds 10 --local-epochs 1 \
         --init "$1" --seed "$3" --no-eval-local --device "$DEVICE" --quiet --out "$out"
 }
 ckpts=()
