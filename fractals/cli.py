@@ -69,8 +69,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     positive("--pairs", args.pairs)
     positive("--workers", args.workers)
     bank = bank_or_sample(args.bank, args.seed)
-    record = measure(bank, _size(args.size), args.pairs, args.workers, args.augs, args.seed,
-                     progress=not args.json)
+    record = {**measure(bank, _size(args.size), args.pairs, args.workers, args.augs, args.seed,
+                       progress=not args.json, look=args.look), "look": args.look}
     if args.json:
         print(json.dumps(record))
     else:
@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DataLoader worker processes (default: 1, i.e. one core)")
     m.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     m.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
+    m.add_argument("--look", choices=LOOKS, default="paper", help="paper: the official generator's "
+                   "(default); sparse: this project's first renderer")
     m.add_argument("--json", action="store_true", help="print one JSON line instead of a sentence")
     m.set_defaults(run=cmd_bench)
     return p

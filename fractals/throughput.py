@@ -31,9 +31,9 @@ def default_batch(size: int) -> int:
 
 
 def measure(bank: CodeBank, size: int, pairs: int, workers: int = 1, augs: bool = False,
-            seed: int = 0, progress: bool = False) -> dict:
+            seed: int = 0, progress: bool = False, look: str = "paper") -> dict:
     """Time ``pairs`` FPS pairs at ``size`` px; returns the JSON record of ``fractals bench``."""
-    render = RenderConfig.preset(size)
+    render = RenderConfig.preset(size, look=look)
     cfg = StreamConfig(kind="fps", batch_size=min(default_batch(size), pairs), pairs_per_epoch=pairs,
                        seed=seed)
     stream = FractalStream(bank, render, cfg, AugmentConfig() if augs else None)
