@@ -5,6 +5,10 @@ yields whole batches (use ``DataLoader(stream, batch_size=None)``). Batch i of e
 ``SeedSequence([seed, e, i])`` and batches are dealt round-robin to DataLoader workers, so every worker has
 its own stream (worker w makes batches w, w + W, ...), no two workers repeat each other, and the epoch's
 content is the same whatever the number of workers.
+
+Under DistributedDataParallel (``shard=(rank, world)``) every process draws batch i's whole parameters
+(codes, per-scene seeds) from the same seed and renders only its rows :func:`shard_rows`, so the global
+batches of an epoch are the same pairs, bit for bit, for any number of processes and workers.
 """
 
 from __future__ import annotations
@@ -24,10 +28,20 @@ from .scenes import SCENE_KINDS, RenderConfig
 KINDS = tuple(SCENE_KINDS)
 
 
-def augment_views(images: torch.Tensor, n_views: int, cfg: AugmentConfig,
-                  generator: torch.Generator) -> torch.Tensor:
-    """uint8 renders (V, B, S, S, 3) -> float views (n_views, B, 3, S, S): view v augments render v % V."""
-    return torch.stack([augment(images[v % len(images)], cfg, generator) for v in range(n_views)])
+def shard_rows(n: int, rank: int, world: int) -> slice:
+    """The rows [rank n / W, (rank + 1) n / W) of a global batch of n that process ``rank`` of W holds.
+    n must be divisible by W, so every process holds as many rows (the loss and gradient averages over
+    processes then equal those of the whole batch)."""
+    if n % world:
+        raise ValueError(f"a batch of {n} cannot be split evenly over {world} processes")
+    return slice(rank * n // world, (rank + 1) * n // world)
+
+
+def augment_views(images: torch.Tensor, n_views: int, cfg: AugmentConfig, generator: torch.Generator,
+                  rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """uint8 renders (V, B, S, S, 3) -> float views (n_views, B, 3, S, S): view v augments render v % V.
+    ``rows = (start, total)``: the renders are rows of a larger batch (:func:`fpsfl.base.images.augment`)."""
+    return torch.stack([augment(images[v % len(images)], cfg, generator, rows=rows) for v in range(n_views)])
 
 
 @dataclass(frozen=True)
@@ -53,12 +67,14 @@ class FractalStream(IterableDataset):
     With ``augment`` (image-level augmentation on CPU, in the worker): ``"views"`` float32 (V', B, 3, S, S)
     replaces ``"images"``, with V' = 2 for fps and single (two augmentations of one image) and 1 for
     multilabel. On a GPU, leave ``augment`` unset and run :func:`fpsfl.base.images.augment` on the device.
+    With ``shard = (rank, world)`` each batch holds only the process's rows (:func:`shard_rows`).
     """
 
     def __init__(self, bank: CodeBank, render: RenderConfig, cfg: StreamConfig,
-                 augment_cfg: AugmentConfig | None = None):
+                 augment_cfg: AugmentConfig | None = None, shard: tuple[int, int] = (0, 1)):
         super().__init__()
         self.bank, self.render, self.cfg, self.augment_cfg = bank, render, cfg, augment_cfg
+        self.shard = shard
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -74,9 +90,10 @@ class FractalStream(IterableDataset):
         n = min(cfg.batch_size, cfg.pairs_per_epoch - index * cfg.batch_size)
         if n <= 0:
             raise IndexError(f"batch {index} is past the end of the epoch ({len(self)} batches)")
+        rows = shard_rows(n, *self.shard)
         rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, self.epoch, index]))
         kind = SCENE_KINDS[cfg.kind]
-        images, codes, labels = kind.make(self.bank, self.render, n, rng, cfg.n_classes)
+        images, codes, labels = kind.make(self.bank, self.render, n, rng, cfg.n_classes, rows)
         out = {"codes": torch.from_numpy(np.asarray(codes, np.int64))}
         if labels is not None:
             out["labels"] = torch.from_numpy(labels)
@@ -84,7 +101,8 @@ class FractalStream(IterableDataset):
             out["images"] = torch.from_numpy(images)
         else:
             gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
-            out["views"] = augment_views(torch.from_numpy(images), kind.views, self.augment_cfg, gen)
+            out["views"] = augment_views(torch.from_numpy(images), kind.views, self.augment_cfg, gen,
+                                         (rows.start, n))
         return out
 
     def __iter__(self):

@@ -9,6 +9,9 @@
 
 The checkpoint (--out) holds the backbone only and loads with torch.load(weights_only=True); progress,
 per-epoch metrics and the --resume state go to a run directory beside it (fps.ckpt -> fps.run/).
+
+  torchrun --standalone --nproc-per-node N -m pretrain.cli fps ...   DistributedDataParallel, N processes
+                                                                     (--batch-size stays the global batch)
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from fpsfl.base.device import device_name
 from fpsfl.base.rundir import RunDirError
 from fractals.ifs import BankError
 
+from . import distributed
 from .backbones import BackboneError, check_backbone
 from .folder import FolderError
 from .methods import METHODS
@@ -70,11 +74,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     writable_file(out)
     opts = dataclasses.replace(opts, out=out, run_dir=opts.run_dir or default_run_dir(out))
     last = train(cfg, opts)
+    if not distributed.from_env().main:  # under torchrun only rank 0 reports
+        return
     if opts.profile:
         keys = ("epoch", "steps", "pairs_per_s", "data_wait", "augment_frac", "compute_frac", "seconds")
         setting = {k: getattr(cfg, k) for k in ("arch", "size", "batch_size", "method", "amp")}
         print(json.dumps({"profile": {k: last.get(k) for k in keys}, **setting,
-                          "device": device_name(opts.device)}))
+                          "device": device_name(opts.device), "processes": distributed.from_env().world}))
     epoch, loss = last.get("epoch", cfg.epochs), last.get("loss", float("nan"))
     print(f"wrote {out} ({cfg.arch}, {method} on {source}, epoch {epoch}/{cfg.epochs}, loss {loss:.4f}); "
           f"run directory {opts.run_dir}")

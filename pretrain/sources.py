@@ -41,6 +41,10 @@ class FractalSource:
     def __len__(self) -> int:
         return len(self.stream)
 
+    def shard(self, rank: int, world: int) -> None:
+        """Render only process ``rank``'s rows of every global batch (:func:`fractals.stream.shard_rows`)."""
+        self.stream.shard = (rank, world)
+
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
         self.stream.set_epoch(epoch)
         loader = DataLoader(self.stream, batch_size=None, num_workers=self.workers,

@@ -5,6 +5,18 @@ as SimSiam's predictor), image-level augmentation on the training device, option
 channels-last on CUDA. After every epoch it appends a line to ``metrics.jsonl``, writes the training state
 (``state.pt``: weights, optimiser, memory bank, RNG) and the backbone checkpoint, each atomically, so a crash
 loses at most the epoch in progress and ``--resume`` continues where it stopped, bit for bit on CPU.
+
+Under ``torchrun`` (:mod:`pretrain.distributed`) the method is wrapped in DistributedDataParallel and each
+process trains on its rows of every global batch (``--batch-size`` stays the global batch). Identical for
+any number of processes: the pairs of every global batch and each sample's augmentation (each process draws
+the whole batch's augmentation randomness and keeps its rows), the learning rate, and the initial weights.
+The loss logged is the all-reduced mean of the processes' losses, i.e. the global batch's. With SimSiam's
+synchronised BatchNorm the losses and weights equal one process's up to rounding (summation order in BN and
+in DDP's gradient average): ~1e-13 in float64, but in float32 SimSiam amplifies rounding at initialisation
+and runs drift apart by a few per cent within epochs, as one process with 1 and with 2 threads does. Not
+identical: MoCo-v2's BatchNorm is per process and shuffled (by design), so its keys and losses differ;
+``z_std`` is the mean of the processes' values. Only rank 0 writes the run directory and the checkpoint,
+probes and prints; ``--resume`` loads the state on rank 0, which broadcasts it to the others.
 """
 
 from __future__ import annotations
@@ -13,7 +25,7 @@ import json
 import math
 import os
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,10 +34,10 @@ import torch
 from tqdm import tqdm
 
 from fpsfl.base.checkpoint import atomic_save, make_checkpoint, plain, save_checkpoint
-from fpsfl.base.device import resolve_device
 from fpsfl.base.rundir import RunDir, RunDirError
 from fractals.stream import augment_views
 
+from . import distributed
 from .backbones import create_backbone
 from .methods import METHODS, Method
 from .probe import PROBES, probe
@@ -33,6 +45,11 @@ from .recipe import PretrainConfig, RunOptions
 from .sources import SOURCES
 
 _NAN_CHECK_EVERY = 16  # steps between finiteness checks (each one synchronises a GPU)
+_ONE = distributed.Dist()  # a single process
+# Tests only: train in float64, where 1 and N processes agree to ~1e-12. In float32 SimSiam's early-layer
+# gradients at initialisation carry ~2% rounding noise (float32 vs float64), so two summation orders (two
+# processes, or one process with two threads) drift apart by a few per cent over a few steps.
+FLOAT64_ENV = "FPSFL_TEST_FLOAT64"
 
 
 class TrainingError(RuntimeError):
@@ -44,9 +61,10 @@ def cosine_lr(base: float, epoch: int, epochs: int) -> float:
     return base * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs))
 
 
-def default_workers(device: torch.device) -> int:
-    """No workers on CPU (the model is the bottleneck); on a GPU, enough renderer processes to feed it."""
-    return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) - 2))
+def default_workers(device: torch.device, local_processes: int = 1) -> int:
+    """No workers on CPU (the model is the bottleneck); on a GPU, enough renderer processes to feed it, the
+    node's cores shared among its ``local_processes`` training processes (torchrun)."""
+    return 0 if device.type == "cpu" else max(1, min(8, ((os.cpu_count() or 2) - 2) // local_processes))
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -93,61 +111,69 @@ class _Clock:
 
 
 def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int, device: torch.device,
-              opts: RunOptions) -> dict:
-    """One pass over the source; returns the epoch's metrics."""
+              opts: RunOptions, model: torch.nn.Module | None = None,
+              d: distributed.Dist = _ONE) -> dict:
+    """One pass over the source; returns the epoch's metrics. ``model`` is the method or its DDP wrapper."""
+    model = model or method
     method.train()
+    dtype = next(method.parameters()).dtype  # of the views: float32 (float64 under the test hook)
     gen = torch.Generator(device=device).manual_seed(epoch_seed(cfg.seed, epoch))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.amp else nullcontext()
     loss_sum = torch.zeros((), device=device)
     stat_sums: dict[str, torch.Tensor] = {}
     steps = samples = 0
     bar = tqdm(total=len(source), desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step", leave=False,
-               disable=not opts.progress, dynamic_ncols=True)
+               disable=not (opts.progress and d.main), dynamic_ncols=True)
     start = time.perf_counter()
     clock = _Clock(device, opts.profile)
     for batch in source.batches(epoch):
         images = batch["images"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True) if "labels" in batch else None
         clock.lap("data_wait")
-        views = augment_views(images, method.n_views, method.augment, gen)
+        mine, n = images.shape[1], images.shape[1] * d.world  # this process's rows of a global batch of n
+        views = augment_views(images, method.n_views, method.augment, gen, (d.rank * mine, n))
+        views = views.to(dtype)
         clock.lap("augment")
         with autocast:
-            loss, stats = method(views, labels)
+            loss, stats = model(views, labels)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # DDP averages the gradients over processes: the global batch's gradient
         optimizer.step()
         method.after_step()
         clock.lap("compute")
         loss_sum += loss.detach().float()
         for key, value in stats.items():
             stat_sums[key] = stat_sums.get(key, 0.0) + value.float()
-        steps, samples = steps + 1, samples + images.shape[1]
+        steps, samples = steps + 1, samples + n
         if steps % _NAN_CHECK_EVERY == 0 or steps == len(source):
-            if not torch.isfinite(loss_sum):
+            total = distributed.mean(loss_sum)  # every process checks the same value: they stop together
+            if not torch.isfinite(total):
                 bar.close()
                 kept = (f"the last finished epoch ({epoch}) is kept in {opts.run_dir}" if epoch else
                         "no epoch finished, so nothing was kept")
-                raise TrainingError(f"the loss became non-finite in epoch {epoch + 1} (near step {steps}); "
-                                    f"{kept} (try a lower --lr)")
-            bar.set_postfix(loss=f"{loss_sum.item() / steps:.4f}",
+                raise distributed.fail(d, TrainingError(
+                    f"the loss became non-finite in epoch {epoch + 1} (near step {steps}); {kept} "
+                    f"(try a lower --lr)"), 1)
+            bar.set_postfix(loss=f"{total.item() / steps:.4f}",
                             pairs_s=f"{samples / (time.perf_counter() - start):.0f}")
         bar.update(1)
     bar.close()
     seconds = time.perf_counter() - start
     busy = sum(clock.totals.values()) or 1.0
-    record = {"epoch": epoch + 1, "loss": loss_sum.item() / max(steps, 1), "steps": steps,
+    record = {"epoch": epoch + 1, "loss": distributed.mean(loss_sum).item() / max(steps, 1), "steps": steps,
               "pairs_per_s": samples / seconds, "seconds": seconds,
               "data_wait": clock.totals.get("data_wait", 0.0) / busy}
+    if d.world > 1:
+        record["world_size"] = d.world
     if opts.profile:
         record["augment_frac"] = clock.totals.get("augment", 0.0) / busy
         record["compute_frac"] = clock.totals.get("compute", 0.0) / busy
-    record.update({k: float(v) / max(steps, 1) for k, v in stat_sums.items()})
+    record.update({k: float(distributed.mean(v)) / max(steps, 1) for k, v in stat_sums.items()})
     return record
 
 
-def resume(run: RunDir, config: dict, method: Method, optimizer: torch.optim.Optimizer) -> int:
-    """Restore weights, memory bank, optimiser and RNG from the run directory; returns the next epoch."""
-    state = run.load_state(config, compare=("pretrain", "method"))
+def restore(state: dict, method: Method, optimizer: torch.optim.Optimizer) -> int:
+    """Restore weights, memory bank, optimiser and RNG from a saved state; returns the next epoch."""
     method.load_state_dict(state["model"])
     method.load_extra_state(state["extra"])
     optimizer.load_state_dict(state["optimizer"])
@@ -156,49 +182,105 @@ def resume(run: RunDir, config: dict, method: Method, optimizer: torch.optim.Opt
 
 
 def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
-    """Run (or resume) pre-training; returns the last epoch's metrics. Writes the run dir and ``opts.out``."""
-    device = resolve_device(opts.device)
-    workers = default_workers(device) if opts.workers is None else opts.workers
+    """Run (or resume) pre-training; returns the last epoch's metrics. Writes the run dir and ``opts.out``
+    (rank 0 only under torchrun)."""
+    d = distributed.from_env()
+    device = distributed.device_for(opts.device, d)
+    workers = default_workers(device, d.local_world) if opts.workers is None else opts.workers
+    check_world(cfg, d)
+    distributed.init(d, device)
+    run = RunDir(opts.run_dir)  # only rank 0 touches it
+    try:
+        with ExitStack() as stack:  # rank 0 holds the run directory's session until the run ends
+            distributed.from_main(d, lambda: _lock_run(run, opts, stack))
+            return _train(cfg, opts, d, device, workers, run)
+    finally:
+        distributed.shutdown()
+
+
+def check_world(cfg: PretrainConfig, d: distributed.Dist) -> None:
+    """One-line errors for a run that cannot be split over the processes (every rank finds the same)."""
+    if d.world == 1:
+        return
+    last = cfg.pairs_per_epoch % cfg.batch_size
+    problem = None
+    if "fractal" not in SOURCES[cfg.source].groups:
+        problem = f"{cfg.source}: multi-process (torchrun) runs take the fractal sources only"
+    elif cfg.batch_size % d.world:
+        problem = f"--batch-size {cfg.batch_size} (global) must be a multiple of the {d.world} processes"
+    elif last % d.world:
+        problem = (f"--pairs-per-epoch {cfg.pairs_per_epoch} leaves a last batch of {last}, not divisible by "
+                   f"the {d.world} processes; make it a multiple of {d.world}")
+    if problem:
+        raise distributed.fail(d, ValueError(problem), 2)
+
+
+def _lock_run(run: RunDir, opts: RunOptions, stack: ExitStack) -> None:
+    """Rank 0, before anything is built: refuse an existing --out, hold the run directory's lock."""
     if not opts.resume and Path(opts.out).exists():
         raise RunDirError(f"--out {opts.out} already exists and is not overwritten; pass --resume to "
                           f"continue its run, or choose another --out")
-    run = RunDir(opts.run_dir)
-    with run.session(opts.resume):
-        return _train(cfg, opts, run, device, workers)
+    stack.enter_context(run.session(opts.resume))
 
 
-def _train(cfg: PretrainConfig, opts: RunOptions, run: RunDir, device: torch.device, workers: int) -> dict:
+def _start_run(run: RunDir, opts: RunOptions, config: dict, world: int) -> dict | None:
+    """Rank 0: create the run, or load (and check) the state it resumes from."""
+    if opts.resume:
+        return run.load_state(config, compare=("pretrain", "method"))
+    run.create(config, {**asdict(opts), "world_size": world} if world > 1 else opts)
+    return None
+
+
+def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: torch.device, workers: int,
+           run: RunDir) -> dict:
     source = SOURCES[cfg.source].make(cfg, workers)
+    if d.world > 1:
+        source.shard(d.rank, d.world)
     method = build_method(cfg, source.n_classes, device)
+    if d.world > 1 and method.sync_bn:
+        method = distributed.sync_batchnorm(method, device)
     # channels-last on every device: the layout of GPU tensor cores, and ~20% faster ResNet20 steps on CPU
     method = method.to(memory_format=torch.channels_last)
+    if os.environ.get(FLOAT64_ENV):
+        method = method.double()
     optimizer, base_lr = make_optimizer(method, cfg)
     config = {"pretrain": cfg.to_dict(), "method": asdict(method.cfg), "base_lr": base_lr,
               "steps_per_epoch": len(source), "n_classes": source.n_classes}
-    start = resume(run, config, method, optimizer) if opts.resume else run.create(config, opts)
-    probe_data = PROBES[opts.probe]() if opts.probe else None
+    state = distributed.from_main(d, lambda: _start_run(run, opts, config, d.world))
+    start = restore(state, method, optimizer) if state is not None else 0
+    model = distributed.wrap(method, device)
+    probe_data = PROBES[opts.probe]() if opts.probe and d.main else None
     initial = _probe(method, probe_data, cfg, "init") if probe_data is not None and start == 0 else {}
-    last: dict = run.last_metrics()
+    last: dict = run.last_metrics() if d.main else {}
     for epoch in range(start, cfg.epochs):
         if opts.stop_after is not None and epoch - start >= opts.stop_after:
             break
         lr = set_lr(optimizer, base_lr, epoch, cfg.epochs)
-        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts), "lr": lr, **initial}
+        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts, model, d), "lr": lr,
+                  **initial}
         initial = {}
         if probe_data is not None and ((epoch + 1) % opts.probe_every == 0 or epoch + 1 == cfg.epochs):
             record.update(_probe(method, probe_data, cfg))
-        run.append_metrics(record)
-        run.save_state({"done": epoch + 1, "model": method.state_dict(), "extra": method.extra_state(),
-                        "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()})
-        ckpt = make_checkpoint(method.backbone, arch=cfg.arch, width=cfg.width, method=cfg.method,
-                               source=cfg.source, epoch=epoch + 1, config=config)
-        save_checkpoint(ckpt, opts.out)
-        if opts.keep_every and (epoch + 1) % opts.keep_every == 0:
-            save_checkpoint(ckpt, kept_path(opts.out, epoch + 1))
+        if d.main:
+            _save(run, record, method, optimizer, cfg, config, opts, epoch)
         last = record
-        if opts.progress:
+        if opts.progress and d.main:
             tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in record.items()}))
     return last
+
+
+def _save(run: RunDir, record: dict, method: Method, optimizer: torch.optim.Optimizer, cfg: PretrainConfig,
+          config: dict, opts: RunOptions, epoch: int) -> None:
+    """The epoch's metrics line, training state and backbone checkpoint (the SyncBatchNorm of a multi-process
+    run has BatchNorm's state_dict keys, so its checkpoint loads as one from a single process)."""
+    run.append_metrics(record)
+    run.save_state({"done": epoch + 1, "model": method.state_dict(), "extra": method.extra_state(),
+                    "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()})
+    ckpt = make_checkpoint(method.backbone, arch=cfg.arch, width=cfg.width, method=cfg.method,
+                           source=cfg.source, epoch=epoch + 1, config=config)
+    save_checkpoint(ckpt, opts.out)
+    if opts.keep_every and (epoch + 1) % opts.keep_every == 0:
+        save_checkpoint(ckpt, kept_path(opts.out, epoch + 1))
 
 
 def kept_path(out, epoch: int):

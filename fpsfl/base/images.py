@@ -277,11 +277,12 @@ def _masked_(x: Tensor, on: Tensor, fn: Callable[[Tensor, Tensor], Tensor]) -> T
     return x
 
 
-def _random_jitter_(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) -> Tensor:
-    """ColorJitter with probability jitter_p per sample; one random order of the four ops per batch."""
-    n, dev = x.shape[0], x.device
-    on = _rand(n, generator, dev) < cfg.jitter_p
-    u = _rand(4 * n, generator, dev).view(4, n)
+def _random_jitter_(x: Tensor, cfg: AugmentConfig, generator: torch.Generator, n: int, rows: slice) -> Tensor:
+    """ColorJitter with probability jitter_p per sample; one random order of the four ops per batch.
+    The draws are those of a batch of n, of which x holds ``rows``."""
+    dev = x.device
+    on = (_rand(n, generator, dev) < cfg.jitter_p)[rows]
+    u = _rand(4 * n, generator, dev).view(4, n)[:, rows]
     perm = torch.randperm(4, generator=generator, device=generator.device).tolist()
     order = [i for i in perm if cfg.jitter[i] > 0]  # a zero strength is skipped, as torchvision does
     s = u.new_tensor(cfg.jitter)[:, None]
@@ -298,11 +299,14 @@ def _random_jitter_(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) -
 
 
 def augment(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,
-            out_size: int | None = None) -> Tensor:
+            out_size: int | None = None, rows: tuple[int, int] | None = None) -> Tensor:
     """Augment a batch: crop + flip, colour jitter, grayscale, blur, normalise; each sample its own draws.
 
     images: uint8 (B, H, W, 3) channels-last (as the fractal renderer writes them) or float (B, 3, H, W) in
     [0, 1], on any device. Returns float32 (B, 3, out_size, out_size), normalised; out_size defaults to H.
+    ``rows = (start, total)``: the images are rows start..start + B of a batch of ``total`` (one process's
+    share of a global batch); the generator draws for the whole batch and each image gets its row's draws,
+    so the shares together equal the whole batch augmented at once and the generator ends in the same state.
     """
     if images.dtype == torch.uint8:
         if images.ndim != 4 or images.shape[3] != 3:
@@ -315,18 +319,22 @@ def augment(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,
     else:
         raise TypeError(f"images must be uint8 or floating point, got {images.dtype}")
     b, _, h, w = x.shape
+    start, n = rows or (0, b)
+    if not 0 <= start <= n - b:
+        raise ValueError(f"rows {start}..{start + b} do not lie in a batch of {n}")
+    mine = slice(start, start + b)
     size = h if out_size is None else out_size
     dev = x.device
-    boxes = sample_crop_boxes(b, h, w, cfg.crop_scale, cfg.crop_ratio, generator, dev)
-    flip = _rand(b, generator, dev) < cfg.flip_p
+    boxes = sample_crop_boxes(n, h, w, cfg.crop_scale, cfg.crop_ratio, generator, dev)[mine]
+    flip = (_rand(n, generator, dev) < cfg.flip_p)[mine]
     x = resized_crop(x, boxes, size, flip)  # a fresh buffer: everything below may work in place
     if images.dtype == torch.uint8:
         x.div_(255)
-    x = _random_jitter_(x, cfg, generator)
-    gray = _rand(b, generator, dev) < cfg.grayscale_p
+    x = _random_jitter_(x, cfg, generator, n, mine)
+    gray = (_rand(n, generator, dev) < cfg.grayscale_p)[mine]
     x = _masked_(x, gray, lambda xs, _: to_grayscale(xs))
-    blur = _rand(b, generator, dev) < cfg.blur_p
-    sigma = cfg.blur_sigma[0] + (cfg.blur_sigma[1] - cfg.blur_sigma[0]) * _rand(b, generator, dev)
+    blur = (_rand(n, generator, dev) < cfg.blur_p)[mine]
+    sigma = cfg.blur_sigma[0] + (cfg.blur_sigma[1] - cfg.blur_sigma[0]) * _rand(n, generator, dev)[mine]
     kernel = cfg.blur_kernel or blur_kernel_size(size)
     x = _masked_(x, blur, lambda xs, idx: gaussian_blur(xs, sigma[idx], kernel))
     mean, std = x.new_tensor(cfg.mean).view(1, 3, 1, 1), x.new_tensor(cfg.std).view(1, 3, 1, 1)

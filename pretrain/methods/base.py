@@ -53,6 +53,7 @@ class Method(nn.Module):
     n_views: ClassVar[int] = 2  # augmented views per sample the method consumes
     labels: ClassVar[str | None] = None  # None, "multihot" (float (B, J)) or "class" (int64 (B,))
     augment: ClassVar[AugmentConfig] = AugmentConfig()  # MoCo-v2 / SimSiam augmentations (Appendix A)
+    sync_bn: ClassVar[bool] = False  # under torchrun, BatchNorm statistics over all processes' samples
 
     def __init__(self, backbone: nn.Module, cfg: MethodConfig, n_classes: int | None = None):
         super().__init__()

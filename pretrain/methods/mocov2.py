@@ -3,8 +3,14 @@
 The query encoder (backbone + 2-layer MLP head) embeds view 1; a momentum copy embeds view 2 as the positive
 key. Negatives are the 65,536 most recent keys in a memory bank; the loss is InfoNCE with temperature 0.2.
 As in the MoCo reference the loss is not symmetrised. Heads, InfoNCE-with-bank and the momentum update
-come from lightly; the checkpoint keeps the query encoder. The reference's shuffled BatchNorm is a
-multi-GPU device and is not used.
+come from lightly; the checkpoint keeps the query encoder.
+
+Under torchrun (He et al. 2020, §3.3, "Shuffling BN"), as the MoCo reference: the key batch is gathered from
+all processes, permuted by one permutation shared by all, and each process encodes its share, so a key's
+BatchNorm statistics come from other samples than its query's (BN would otherwise leak which key is the
+positive); the keys are unshuffled after. Each process's loss reads the same bank, and the bank is updated
+with the keys of all processes concatenated in rank order, so it holds what one process would hold. BN
+statistics stay per process by design (no SyncBatchNorm), so the loss is not that of one process.
 """
 
 from __future__ import annotations
@@ -15,11 +21,17 @@ from dataclasses import dataclass
 import torch
 from lightly.loss import NTXentLoss
 from lightly.models.modules import MoCoProjectionHead
-from lightly.models.utils import deactivate_requires_grad, update_momentum
+from lightly.models.utils import (
+    batch_shuffle_distributed,
+    batch_unshuffle_distributed,
+    deactivate_requires_grad,
+    update_momentum,
+)
 from torch import Tensor, nn
 
 from fpsfl.base.settings import setting
 
+from ..distributed import world_size
 from . import METHODS
 from .base import Method, MethodConfig, feature_std
 
@@ -47,14 +59,24 @@ class MoCoV2(Method):
         deactivate_requires_grad(self.key_backbone)
         deactivate_requires_grad(self.key_head)
         bank = (cfg.bank_size, cfg.out_dim)
-        self.criterion = NTXentLoss(temperature=cfg.temperature, memory_bank_size=bank)
+        # gather_distributed: the bank takes every process's keys, in rank order (a no-op with one process)
+        self.criterion = NTXentLoss(temperature=cfg.temperature, memory_bank_size=bank,
+                                    gather_distributed=True)
 
     def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         q = self.head(self.backbone(views[0]))
         with torch.no_grad():
-            k = self.key_head(self.key_backbone(views[1]))
+            k = self._keys(views[1])
         # lightly pushes k into the bank after reading it, only when q requires grad (training)
         return self.criterion(q, k), {"z_std": feature_std(q)}
+
+    @torch.no_grad()
+    def _keys(self, x: Tensor) -> Tensor:
+        """The key encoder's output for x (B, 3, S, S); with several processes through shuffled BN."""
+        if world_size() == 1:
+            return self.key_head(self.key_backbone(x))
+        x, undo = batch_shuffle_distributed(x)
+        return batch_unshuffle_distributed(self.key_head(self.key_backbone(x)), undo)
 
     @torch.no_grad()
     def after_step(self) -> None:

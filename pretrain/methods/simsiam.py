@@ -3,7 +3,8 @@
 The two views go through backbone f and projector g; a predictor h maps one view's projection onto the
 other's, which is held fixed (stop-gradient). The loss is symmetric:
 L = D(h(z1), sg(z2)) / 2 + D(h(z2), sg(z1)) / 2, with D the negative cosine similarity.
-Heads and D come from lightly.
+Heads and D come from lightly. Under torchrun every BatchNorm is synchronised over the processes, as the
+SimSiam reference does, so the loss and the gradients are those of one process with the whole batch.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class SimSiamConfig(MethodConfig):
 class SimSiam(Method):
     name = "simsiam"
     Config = SimSiamConfig
+    sync_bn = True  # SimSiam §4.1 / Appendix A: BN over the whole batch of all devices (SyncBN)
 
     def __init__(self, backbone: nn.Module, cfg: SimSiamConfig, n_classes: int | None = None):
         super().__init__(backbone, cfg)

@@ -194,6 +194,24 @@ def test_augment_shape_dtype_and_determinism():
     assert augment(images, cfg, torch.Generator().manual_seed(1), out_size=24).shape == (8, 3, 24, 24)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_augment_rows_of_a_batch_equal_the_whole_batch(world):
+    """DDP's invariant: processes that each augment their rows (drawing the whole batch's randomness) give,
+    together, the whole batch augmented at once, bit for bit, and leave their generators in its state."""
+    images, cfg = _u8(16, 16, seed=3), AugmentConfig()
+    whole_gen = torch.Generator().manual_seed(7)
+    whole = torch.cat([augment(images, cfg, whole_gen) for _ in range(2)])  # two batches from one stream
+    parts = []
+    for rank in range(world):
+        gen, rows = torch.Generator().manual_seed(7), slice(rank * 16 // world, (rank + 1) * 16 // world)
+        parts.append([augment(images[rows], cfg, gen, rows=(rows.start, 16)) for _ in range(2)])
+        assert torch.equal(gen.get_state(), whole_gen.get_state())
+    joined = torch.cat([torch.cat([p[i] for p in parts]) for i in range(2)])
+    assert torch.equal(joined, whole)
+    with pytest.raises(ValueError, match="rows"):
+        augment(images[:8], cfg, torch.Generator(), rows=(12, 16))
+
+
 def test_augment_accepts_both_layouts():
     images = _u8(8, 16)
     floats = images.permute(0, 3, 1, 2).float() / 255

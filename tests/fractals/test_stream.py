@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 from fpsfl.base.images import AugmentConfig
 from fractals.ifs import sample_codes
 from fractals.scenes import SCENE_KINDS, RenderConfig
-from fractals.stream import FractalStream, StreamConfig
+from fractals.stream import FractalStream, StreamConfig, shard_rows
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +78,31 @@ def test_augmented_views(bank, kind):
     if kind == "multilabel":
         assert batch["labels"].shape == (8, 50)
         assert torch.equal(batch["labels"].sum(1), (batch["codes"] >= 0).sum(1).float())
+
+
+@pytest.mark.parametrize("kind", list(SCENE_KINDS))
+@pytest.mark.parametrize("world", [2, 4])
+def test_rank_shards_of_every_batch_are_the_whole_batch(bank, kind, world):
+    """DDP's invariant: the processes' rows of each global batch (last, shorter one included), put together
+    in rank order, are the single-process batch bit for bit: renders, codes, labels, augmented views."""
+    for augment in (None, AugmentConfig()):
+        kw = {"kind": kind, "pairs_per_epoch": 12, "n_classes": 50, "augment": augment}
+        whole = _stream(bank, **kw)
+        ranks = [FractalStream(whole.bank, whole.render, whole.cfg, augment, shard=(r, world)) for r in
+                 range(world)]
+        for index in range(len(whole)):  # batches of 8 and 4 pairs
+            one = whole.batch(index)
+            parts = [r.batch(index) for r in ranks]
+            for key, value in one.items():
+                dim = 1 if key in ("images", "views") else 0
+                assert torch.equal(torch.cat([p[key] for p in parts], dim), value), (index, key)
+
+
+def test_shard_rows_split_evenly_or_refuse():
+    assert [shard_rows(8, r, 4) for r in range(4)] == [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)]
+    assert shard_rows(8, 0, 1) == slice(0, 8)
+    with pytest.raises(ValueError, match="evenly"):
+        shard_rows(6, 0, 4)
 
 
 def test_bad_stream_config():
