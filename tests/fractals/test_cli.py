@@ -44,7 +44,8 @@ def test_preview_writes_png_of_expected_size(tmp_path, kind, size, n, expected):
 def test_bench_json_has_positive_figures(capsys):
     assert main(["bench", "--size", "32", "--pairs", "300", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(record) == {"size", "augs", "workers", "pairs", "seconds", "pairs_per_s", "ns_per_point", "look"}
+    assert set(record) == {"size", "augs", "workers", "pairs", "seconds", "pairs_per_s", "ns_per_point",
+                           "look"}
     assert record["pairs"] == 300 and record["size"] == 32 and record["workers"] == 1
     assert record["seconds"] > 0 and record["pairs_per_s"] > 0 and record["ns_per_point"] > 0
 
