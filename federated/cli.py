@@ -25,6 +25,7 @@ from pretrain.backbones import BackboneError, check_backbone
 
 from .datasets import DATASETS, DataError
 from .experiment import FederateConfig, RunOptions
+from .flower import FlowerError
 from .initialisation import InitError
 from .local import DivergenceError
 from .oracle.tracking import TrackConfig
@@ -56,13 +57,20 @@ def config_from(args: argparse.Namespace) -> FederateConfig:
     return FederateConfig(**values, algo_args=parse_settings(args.set), tracking=tracking)
 
 
-def cmd_federate(args: argparse.Namespace) -> None:
+def options_from(args: argparse.Namespace) -> tuple[FederateConfig, RunOptions]:
+    """The run's config and options from parsed flags (the default --out named after the run)."""
     cfg = config_from(args)
     spec = DATASETS[cfg.dataset]
     check_backbone(cfg.arch, cfg.width, cfg.input_size or cfg.crop_size or spec.input_size)
     opts = RunOptions(**settings_from(args, RunOptions))
     out = opts.out or Path(f"runs/{cfg.dataset}-{cfg.partition}-{cfg.algo}-s{cfg.seed}")
-    rows = run(cfg, dataclasses.replace(opts, out=out))
+    return cfg, dataclasses.replace(opts, out=out)
+
+
+def cmd_federate(args: argparse.Namespace) -> None:
+    cfg, opts = options_from(args)
+    out = opts.out
+    rows = run(cfg, opts)
     if rows:
         last, best = rows[-1], max(r["test_acc"] for r in rows)
         local = f", mean local acc {last['local_acc']:.4f}" if "local_acc" in last else ""
@@ -93,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     errors = (DataError, PartitionError, InitError, CheckpointError, BackboneError, RunDirError, ValueError)
-    return run_main("federate", build_parser(), argv, errors, (DivergenceError,))
+    return run_main("federate", build_parser(), argv, errors, (DivergenceError, FlowerError))
 
 
 if __name__ == "__main__":

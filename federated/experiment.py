@@ -193,6 +193,32 @@ class RunOptions(RunFlags):
     out: Path | None = setting(None, "run directory: config.json, metrics.jsonl, partition.json/.png, "
                                      "state.pt, final.pt", parse=Path, group="run",
                                default_text="runs/<dataset>-<partition>-<algo>-s<seed>")
+    engine: str = setting("inprocess", "inprocess: every client in this process; flower: each client a "
+                                       "Flower ClientApp in Flower's simulation engine (Beutel et al. 2020; "
+                                       "needs pip install -e '.[flower]'; --client-batch is 1 there)",
+                          choices=("inprocess", "flower"), group="run")
+    flower_resources: str = setting("num_cpus=1,num_gpus=0", "--engine flower: what each simulated client "
+                                                             "holds (Ray client_resources)", metavar="K=V,..",
+                                    group="run")
 
     def __post_init__(self) -> None:
         check(self)
+        flower_resources(self.flower_resources)
+
+
+def flower_resources(text: str) -> dict[str, float]:
+    """``num_cpus=1,num_gpus=0.5`` as Ray's client_resources; a ValueError names what is wrong."""
+    resources = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in ("num_cpus", "num_gpus"):
+            raise ValueError(f"--flower-resources expects num_cpus=N,num_gpus=G, got {pair!r}")
+        try:
+            resources[key] = float(value)
+        except ValueError:
+            raise ValueError(f"--flower-resources {key}: {value.strip()!r} is not a number") from None
+        if not resources[key] >= (1e-9 if key == "num_cpus" else 0):  # Ray needs a CPU share per actor
+            least = "positive" if key == "num_cpus" else ">= 0"
+            raise ValueError(f"--flower-resources {key} must be {least}, got {value.strip()}")
+    return resources

@@ -4,11 +4,18 @@ Each round: select clients, train each from the global model (its test accuracy 
 recorded for the ΔL/ΔG analysis of §4.4), aggregate with the algorithm, and test the new global model. All
 randomness of round r comes from seeds derived from (seed, r, client), so a run is reproducible on CPU and
 resumable at any round (:mod:`federated.runner` writes the metrics and the state after every round).
+
+A round is three parts, so that every engine runs the same code: :func:`plan_round` (the server: clients,
+learning rate, sample pools, global model), a dispatcher that trains the clients (:func:`train_in_process`,
+or Flower messages to ClientApps that call :func:`make_job` and :func:`train_client`, see
+:mod:`federated.flower`), and :func:`close_round` (the server: aggregate, test, the metrics record).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +26,8 @@ from tqdm import tqdm
 from fpsfl.base.checkpoint import atomic_save
 from fpsfl.base.rundir import RunDir
 
-from .algorithms import ClientContext, ClientResult
+from .aggregate import State
+from .algorithms import ClientContext, ClientResult, FedAvg
 from .batched import ClientJob, evaluate_batched, train_batched
 from .experiment import FederateConfig
 from .local import epoch_batches, local_train, make_optimizer
@@ -60,30 +68,77 @@ def client_batch(cfg: FederateConfig, task, device: torch.device, clients: int) 
     return max(1, min(asked, clients)), ""
 
 
+@dataclass
+class RoundPlan:
+    """What the server decides before round ``rnd``'s local training: its learning rate, its clients, each
+    client's per-epoch sample pools (FedVC draws them from the round's generator), and the global model."""
+
+    rnd: int
+    lr: float
+    selected: list[int]
+    pools: list[list[torch.Tensor]]  # pools[i]: the sample indices of selected[i] in each local epoch
+    global_state: State
+    frozen: nn.Module  # the round's global model, frozen (the ClientContext's global_model)
+    initial: dict  # the initial model's test metrics (round 0 only)
+
+
+# A dispatcher trains a round's clients and returns their results and mean local losses in plan.selected
+# order: train_in_process (this process) or federated.flower.engine's (Flower messages, one per client).
+Dispatch = Callable[[Setup, FederateConfig, RoundPlan, torch.device, "tqdm | None"],
+                    tuple[list[ClientResult], list[float]]]
+
+
 def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, run: RunDir,
-                bar: tqdm | None, tracker: Tracker | None = None) -> dict:
+                bar: tqdm | None, tracker: Tracker | None = None, dispatch: Dispatch | None = None) -> dict:
     """One round: local training of the selected clients, aggregation, evaluation; returns its metrics.
-    ``tracker`` adds the analyses of :mod:`federated.oracle.tracking` (and may replace the aggregate)."""
-    lr = lr_at(cfg, rnd)
+    ``tracker`` adds the analyses of :mod:`federated.oracle.tracking` (and may replace the aggregate);
+    ``dispatch`` trains the clients (default: :func:`train_in_process`)."""
+    plan = plan_round(s, cfg, rnd)
+    results, losses = (dispatch or train_in_process)(s, cfg, plan, device, bar)
+    k = client_batch(cfg, s.task, device, len(plan.selected))[0] if dispatch is None else 1
+    return close_round(s, cfg, plan, results, losses, k, run, bar, tracker)
+
+
+def plan_round(s: Setup, cfg: FederateConfig, rnd: int) -> RoundPlan:
+    """The server's part before local training; all its randomness comes from (seed, rnd)."""
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, rnd, 0]))
     selected = s.algo.select(rng, cfg.participation)
     global_state = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
     initial = _test_metrics(s) if rnd == 0 else {}
     frozen = copy.deepcopy(s.model).eval().requires_grad_(False)
-    jobs = [_job(s, cfg, rnd, client, lr, frozen, global_state, rng, device) for client in selected]
+    pools = [s.algo.epoch_pools(client, s.parts[client], cfg.local_epochs, rng) for client in selected]
+    return RoundPlan(rnd, lr_at(cfg, rnd), selected, pools, global_state, frozen, initial)
+
+
+def train_in_process(s: Setup, cfg: FederateConfig, plan: RoundPlan, device: torch.device,
+                     bar: tqdm | None) -> tuple[list[ClientResult], list[float]]:
+    """The in-process engine: every client of the round in this process, ``--client-batch`` at a time."""
+    jobs = [make_job(cfg, plan, i, s.algo.clients[client], device)
+            for i, client in enumerate(plan.selected)]
     k, _ = client_batch(cfg, s.task, device, len(jobs))
     states, losses = _train_jobs(s, cfg, jobs, k, bar)
-    results, local = [], copy.deepcopy(s.model)
-    for job, state in zip(jobs, states, strict=True):
-        local.load_state_dict(state)
-        extra = s.algo.finish_client(job.ctx, local)
-        if cfg.bn == "local":
-            job.ctx.state["bn"] = _bn_buffers(local)
-        if rnd + 1 in cfg.save_local_models:
-            _save_local(run.path, rnd + 1, job.ctx.client, state, global_state)
-        results.append(ClientResult(job.ctx.client, state, job.examples, job.ctx.steps, extra))
+    local = copy.deepcopy(s.model)
+    results = [finish_job(s.algo, cfg, job, state, local) for job, state in zip(jobs, states, strict=True)]
+    return results, losses
+
+
+def train_client(s: Setup, cfg: FederateConfig, job: ClientJob) -> tuple[ClientResult, float]:
+    """One client's local training and client step, as the in-process engine runs it with --client-batch 1
+    (the Flower ClientApp calls this)."""
+    local = copy.deepcopy(s.model)
+    state, loss = _train_one(s, cfg, job, local)
+    return finish_job(s.algo, cfg, job, state, local), loss
+
+
+def close_round(s: Setup, cfg: FederateConfig, plan: RoundPlan, results: list[ClientResult],
+                losses: list[float], k: int, run: RunDir, bar: tqdm | None, tracker: Tracker | None) -> dict:
+    """The server's part after local training: aggregate, test, and the round's metrics record."""
+    rnd, selected = plan.rnd, plan.selected
+    if rnd + 1 in cfg.save_local_models:
+        for r in results:
+            _save_local(run.path, rnd + 1, r.client, r.state, plan.global_state)
     local_accs = _local_accuracies(s, [r.state for r in results], k) if cfg.eval_local else []
-    aggregate = s.algo.aggregate(global_state, results)
+    aggregate = s.algo.aggregate(plan.global_state, results)
     sizes = [len(s.parts[c]) for c in selected]  # real data sizes |D_m|: Eq. 3's and Eq. 4's FedAvg weights
     tracked: dict = {}
     if tracker is not None and tracker.due(rnd + 1):
@@ -92,10 +147,10 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
         tracked, override = tracker(rnd + 1, [r.state for r in results], sizes)
         aggregate = aggregate if override is None else override
     s.model.load_state_dict(aggregate)
-    record = {"round": rnd + 1, "lr": lr, **_test_metrics(s), "train_loss": float(np.mean(losses)),
+    record = {"round": rnd + 1, "lr": plan.lr, **_test_metrics(s), "train_loss": float(np.mean(losses)),
               "clients": selected, "client_sizes": sizes, **_health(aggregate), **tracked}
     if rnd == 0:  # the initial model's accuracy: the Acc(theta_{t-1}) of round 1 in Eq. 3 (§6.1)
-        record.update({f"init_{k}": v for k, v in initial.items()})
+        record.update({f"init_{k}": v for k, v in plan.initial.items()})
     if local_accs:
         # data-size-weighted, as the local gain of Eq. 3 (§6) weighs clients by |D_m| / |D|
         weights = np.asarray(record["client_sizes"], dtype=np.float64)
@@ -103,18 +158,30 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
     return record
 
 
-def _job(s: Setup, cfg: FederateConfig, rnd: int, client: int, lr: float, frozen: nn.Module,
-         global_state: dict, rng: np.random.Generator, device: torch.device) -> ClientJob:
-    """What one client trains on this round: its start state, steps, generators and context."""
-    start = dict(global_state)
-    own_bn = s.algo.clients[client].get("bn") if cfg.bn == "local" else None
+def make_job(cfg: FederateConfig, plan: RoundPlan, i: int, client_state: dict,
+             device: torch.device) -> ClientJob:
+    """What the ``i``-th client of the round trains on: its start state, steps, generators and context.
+    ``client_state`` is its persistent state (``algo.clients[client]``), updated in place."""
+    client = plan.selected[i]
+    start = dict(plan.global_state)
+    own_bn = client_state.get("bn") if cfg.bn == "local" else None
     if own_bn is not None:
         start.update({k: v.to(device) for k, v in own_bn.items()})
-    pools = s.algo.epoch_pools(client, s.parts[client], cfg.local_epochs, rng)
-    order_gen, aug_gen = _generators(cfg, rnd, client, device)
-    ctx = ClientContext(client, frozen, lr, _momentum(cfg), s.algo.clients[client])
+    pools = plan.pools[i]
+    order_gen, aug_gen = _generators(cfg, plan.rnd, client, device)
+    ctx = ClientContext(client, plan.frozen, plan.lr, _momentum(cfg), client_state)
     return ClientJob(ctx, start, epoch_batches(pools, cfg.resolved_batch(), order_gen), aug_gen,
                      client_noise_for(cfg, client), examples=len(pools[0]) if pools else 0)
+
+
+def finish_job(algo: FedAvg, cfg: FederateConfig, job: ClientJob, state: State,
+               local: nn.Module) -> ClientResult:
+    """The client step after local training (:meth:`FedAvg.finish_client`) and what the client sends."""
+    local.load_state_dict(state)
+    extra = algo.finish_client(job.ctx, local)
+    if cfg.bn == "local":
+        job.ctx.state["bn"] = _bn_buffers(local)
+    return ClientResult(job.ctx.client, state, job.examples, job.ctx.steps, extra)
 
 
 def _train_jobs(s: Setup, cfg: FederateConfig, jobs: list[ClientJob], k: int,
@@ -127,13 +194,9 @@ def _train_jobs(s: Setup, cfg: FederateConfig, jobs: list[ClientJob], k: int,
     for first in range(0, len(jobs), k):
         chunk = jobs[first:first + k]
         if k == 1:
-            job = chunk[0]
-            local.load_state_dict(job.start)
-            optimizer = make_optimizer(local, cfg.resolved_optimizer(), job.ctx.lr, cfg.momentum,
-                                       cfg.weight_decay)
-            losses.append(local_train(local, optimizer, s.algo, job.ctx, s.task, x, y, job.batches,
-                                      job.aug_gen, job.noise))
-            states.append({n: v.detach().clone() for n, v in local.state_dict().items()})
+            state, loss = _train_one(s, cfg, chunk[0], local)
+            states.append(state)
+            losses.append(loss)
         else:
             states += train_batched(local, s.algo, chunk, s.task, x, y, cfg.resolved_optimizer(),
                                     chunk[0].ctx.lr, cfg.momentum, cfg.weight_decay)
@@ -141,6 +204,15 @@ def _train_jobs(s: Setup, cfg: FederateConfig, jobs: list[ClientJob], k: int,
         if bar is not None:
             bar.set_postfix_str(f"client {min(first + k, len(jobs))}/{len(jobs)}")
     return states, losses
+
+
+def _train_one(s: Setup, cfg: FederateConfig, job: ClientJob, local: nn.Module) -> tuple[State, float]:
+    """One client's local SGD with torch.optim in ``local`` (overwritten): its final state and mean loss."""
+    local.load_state_dict(job.start)
+    optimizer = make_optimizer(local, cfg.resolved_optimizer(), job.ctx.lr, cfg.momentum, cfg.weight_decay)
+    loss = local_train(local, optimizer, s.algo, job.ctx, s.task, s.data.train_x, s.data.train_y, job.batches,
+                       job.aug_gen, job.noise)
+    return {n: v.detach().clone() for n, v in local.state_dict().items()}, loss
 
 
 def _local_accuracies(s: Setup, states: list[dict], k: int) -> list[float]:

@@ -23,20 +23,26 @@ from fpsfl.base.rundir import RunDir, RunDirError
 from .algorithms import ALGORITHMS
 from .datasets import DATASETS, ImageData
 from .experiment import FederateConfig, RunOptions
+from .flower import require_flower
 from .initialisation import check_init, init_sha256, pretraining_size
 from .local import DivergenceError, make_optimizer
 from .oracle.tracking import Tracker
-from .rounds import centralized_round, client_batch, train_round
+from .rounds import Dispatch, centralized_round, client_batch, train_round
 from .setup import Setup, setup, write_partition
 
 FINAL_FORMAT = "fpsfl-federated/1"
 DIVERGE_FACTOR = 100.0  # see check_divergence
 
 
-def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) -> list[dict]:
+def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
+        dispatch: Dispatch | None = None) -> list[dict]:
     """Run (or resume) a simulation into ``opts.out``; returns all metrics rows. ``data`` replaces the
-    configured dataset (tests). The run directory is locked for the whole run (:class:`RunDir`)."""
+    configured dataset (tests). The run directory is locked for the whole run (:class:`RunDir`).
+    ``opts.engine`` flower trains the clients as Flower ClientApps: in Flower's simulation engine, or
+    through ``dispatch`` (a deployment's ServerApp, :mod:`federated.flower.server_app`)."""
     device = resolve_device(opts.device)
+    if opts.engine == "flower":
+        require_flower(cfg, opts, data is not None)  # one line, before anything is loaded
     rundir = RunDir(opts.out)
     with rundir.session(opts.resume):  # before the (slow) data loading, and before anything is written
         if opts.resume:
@@ -47,7 +53,11 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) ->
             if size_note and opts.progress:
                 tqdm.write(size_note)
         s = setup(cfg, device, data, load_init=not opts.resume)  # a resumed run's model is in state.pt
-        return _rounds(s, cfg, opts, rundir, device)
+        if opts.engine == "flower" and dispatch is None:
+            from .flower.engine import simulate  # imports flwr: only now
+
+            return simulate(cfg, opts, lambda flower: _rounds(s, cfg, opts, rundir, device, flower))
+        return _rounds(s, cfg, opts, rundir, device, dispatch)
 
 
 def _input_size(cfg: FederateConfig) -> tuple[FederateConfig, str]:
@@ -71,8 +81,8 @@ def _as_started(cfg: FederateConfig, rundir: RunDir) -> FederateConfig:
     return cfg
 
 
-def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir,
-            device: torch.device) -> list[dict]:
+def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, device: torch.device,
+            dispatch: Dispatch | None = None) -> list[dict]:
     config = {"federate": cfg.to_dict(), "algo": plain(vars(s.algo.cfg)),
               "init_sha256": init_sha256(cfg.init)}
     optimizer = make_optimizer(s.model, cfg.resolved_optimizer(), cfg.resolved_lr(), cfg.momentum,
@@ -94,6 +104,9 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir,
         print(f"federate: note: --centralized trains plain SGD on the pooled data; {cfg.algo}'s client and "
               f"server steps do not apply to it", file=sys.stderr)
     _, note = client_batch(cfg, s.task, model_device(s), cfg.clients)
+    if opts.engine == "flower":
+        note = (f"--client-batch {cfg.client_batch}: each Flower client trains alone (--engine flower)"
+                if cfg.client_batch not in (None, 1) else "")
     if note and not cfg.centralized:
         print(f"federate: note: {note}", file=sys.stderr)
     tracker = (Tracker(cfg.tracking, s.model, s.task, s.data, cfg.seed)
@@ -106,7 +119,7 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir,
         t0 = time.perf_counter()
         try:
             record = (centralized_round(s, cfg, rnd, device, optimizer) if cfg.centralized
-                      else train_round(s, cfg, rnd, device, rundir, bar, tracker))
+                      else train_round(s, cfg, rnd, device, rundir, bar, tracker, dispatch))
             record["weight_norm"] = param_norm(s.model)
             check_divergence(record, s.task.n_classes, norm0)
         except DivergenceError as exc:

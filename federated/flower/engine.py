@@ -1,0 +1,49 @@
+"""``federate --engine flower`` on one machine: Flower's simulation engine (Beutel et al. 2020, §4).
+
+:func:`simulate` runs our round loop as the ``main`` of a ServerApp in this process (it writes the run
+directory, as the in-process engine does) and ``cfg.clients`` virtual SuperNodes, each running
+:mod:`.client_app` in a Ray actor with the ``--flower-resources`` it asks for (``num_cpus=1,num_gpus=0``:
+as many concurrent clients as cores, on the CPU; ``num_gpus=0.5``: two clients share a GPU). Node ``i`` is
+client ``i`` (Flower sets its ``partition-id`` node config).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.simulation import run_simulation
+
+from ..experiment import FederateConfig, RunOptions, flower_resources
+from .client_app import app as client_app
+from .server_app import FlowerDispatch
+
+
+def simulate(cfg: FederateConfig, opts: RunOptions,
+             rounds: Callable[[FlowerDispatch], list[dict]]) -> list[dict]:
+    """``rounds(dispatch)`` (the run's round loop) as a ServerApp, with one simulated SuperNode per client;
+    returns its metrics rows. An exception in the round loop reaches the caller as it was raised."""
+    rows: list[dict] = []
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        rows.extend(rounds(FlowerDispatch(grid, opts.device)))
+
+    backend = {"client_resources": flower_resources(opts.flower_resources),
+               "init_args": {"include_dashboard": False}}
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    if not opts.progress:  # --quiet: Flower's INFO lines too, and its note that run_simulation is deprecated
+        flwr_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # Ray's note on accelerator variables
+            run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.clients,
+                           backend_config=backend)
+    finally:
+        flwr_log.setLevel(level)
+    return rows

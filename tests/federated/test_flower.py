@@ -1,0 +1,207 @@
+"""``federate --engine flower`` (Beutel et al. 2020): the same run as the in-process engine, Flower's own
+FedAvg / FedAvgM as a peer oracle for our aggregation, the records codec, and the one-line errors.
+
+Tests that need Flower skip with a reason when it is absent (``pip install -e ".[flower]"``); the
+simulation tests also need Ray (Flower's simulation extra). The loopback deployment is in
+test_flower_deploy.py (slow).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from federated.algorithms import ALGORITHMS, ClientResult
+from federated.cli import main
+from federated.experiment import FederateConfig, RunOptions
+from federated.runner import run
+
+TINY = dict(dataset="digits", clients=3, rounds=2, local_epochs=1, batch_size=32, width=0.25, alpha=1.0,
+            seed=0, eval_local=False)
+
+
+def _flower():
+    return pytest.importorskip("flwr", reason="Flower is not installed (pip install -e '.[flower]')")
+
+
+def _ray():
+    _flower()
+    pytest.importorskip("ray", reason="Flower's simulation engine needs Ray (pip install -e '.[flower]')")
+
+
+def _run(path, engine, algo, extra=None, **opts):
+    return run(FederateConfig(algo=algo, **{**TINY, **(extra or {})}),
+               RunOptions(out=path, device="cpu", progress=False, engine=engine, **opts))
+
+
+def _same_run(a, b):
+    rows = lambda p: [{k: v for k, v in r.items() if k != "seconds"}  # noqa: E731
+                      for r in map(json.loads, (p / "metrics.jsonl").read_text().splitlines())]
+    assert rows(a) == rows(b)
+    wa = torch.load(a / "final.pt", weights_only=True)["model"]
+    wb = torch.load(b / "final.pt", weights_only=True)["model"]
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.allclose(wa[k].double(), wb[k].double(), atol=1e-6, rtol=0), k
+
+
+# ---- the simulation engine gives the in-process run -------------------------------------------------
+@pytest.mark.slow  # about 40 s each on the 2-core CPU VM: Ray's start-up, not the 2 rounds (5 s)
+@pytest.mark.parametrize("algo,extra", [(algo, {}) for algo in sorted(ALGORITHMS)]
+                         + [("fedavg", {"bn": "local", "participation": 0.67})])
+def test_flower_simulation_equals_in_process(tmp_path, algo, extra):
+    """Same seed, same metrics.jsonl (every value but the timing) and final weights within 1e-6: every
+    algorithm, with its client state (SCAFFOLD, MOON, FedDyn, FedIR, --bn local) in the Flower Context."""
+    _ray()
+    _run(tmp_path / "inprocess", "inprocess", algo, extra)
+    _run(tmp_path / "flower", "flower", algo, extra)
+    _same_run(tmp_path / "inprocess", tmp_path / "flower")
+
+
+@pytest.mark.slow  # two Flower simulations: about 70 s on the 2-core CPU VM
+def test_flower_resume_seeds_the_client_contexts(tmp_path):
+    """A SCAFFOLD run stopped after round 1 and resumed: Flower's Contexts start empty in the new run, so
+    the server seeds each client's c_i from state.pt; the result is the uninterrupted in-process run's."""
+    _ray()
+    _run(tmp_path / "inprocess", "inprocess", "scaffold")
+    _run(tmp_path / "flower", "flower", "scaffold", stop_after=1)
+    assert not (tmp_path / "flower" / "final.pt").exists()
+    _run(tmp_path / "flower", "flower", "scaffold", resume=True)
+    _same_run(tmp_path / "inprocess", tmp_path / "flower")
+
+
+# ---- Flower's own strategies as a peer oracle for our aggregation ----------------------------------
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(4, 3)
+
+
+def _rounds_of_updates(rounds=3, sizes=(7, 12, 17), seed=0):
+    """Each round's client states: the global state plus noise (buffers too), float64."""
+    g = torch.Generator().manual_seed(seed)
+    model = _Net().double()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    noise = lambda v: v + 0.1 * torch.randn(v.shape, generator=g, dtype=v.dtype)  # noqa: E731
+    return model, start, [[{k: noise(v) if v.is_floating_point() else v + 3 for k, v in start.items()}
+                           for _ in sizes] for _ in range(rounds)], list(sizes)
+
+
+def _flower_replies(states, sizes):
+    """The clients' train replies as a Flower strategy receives them (explicit metadata: no run here)."""
+    from flwr.app import Array, ArrayRecord, Message, Metadata, MetricRecord, RecordDict
+
+    def reply(i, state, n):
+        content = RecordDict({"arrays": ArrayRecord({k: Array(v.numpy()) for k, v in state.items()}),
+                              "metrics": MetricRecord({"num-examples": n})})
+        meta = Metadata(run_id=1, message_id="", src_node_id=i + 1, dst_node_id=0, reply_to_message_id="m",
+                        group_id="", created_at=0.0, ttl=60.0, message_type="train")
+        return Message(content=content, metadata=meta)
+
+    return [reply(i, state, n) for i, (state, n) in enumerate(zip(states, sizes, strict=True))]
+
+
+def _ours(name, cfg, model, start, rounds, sizes):
+    algo = ALGORITHMS[name](ALGORITHMS[name].Config(**cfg), sizes, np.ones((len(sizes), 3)))
+    algo.attach(model)
+    glob, out = start, []
+    for states in rounds:
+        results = [ClientResult(i, s, n, 1) for i, (s, n) in enumerate(zip(states, sizes, strict=True))]
+        glob = algo.aggregate(glob, results)
+        out.append(glob)
+    return out
+
+
+def test_fedavg_aggregates_as_flowers_fedavg():
+    """McMahan et al. 2017, Algorithm 1: the sample-weighted average, ours and flwr's FedAvg strategy."""
+    _flower()
+    from flwr.serverapp.strategy import FedAvg
+
+    model, start, rounds, sizes = _rounds_of_updates(rounds=1)
+    ours = _ours("fedavg", {}, model, start, rounds, sizes)[0]
+    theirs = FedAvg().aggregate_train(1, _flower_replies(rounds[0], sizes))[0]
+    for key, value in ours.items():
+        if value.is_floating_point():  # integer buffers: ours rounds back to int64, Flower's stays float
+            assert np.allclose(value.numpy(), theirs[key].numpy(), rtol=0, atol=1e-12), key
+
+
+@pytest.mark.parametrize("beta,server_lr", [(0.9, 1.0), (0.5, 0.7), (0.0, 1.3)])
+def test_fedavgm_aggregates_as_flowers_fedavgm(beta, server_lr):
+    """Hsu et al. 2019: v <- beta v + (w - avg), w <- w - lr v over three rounds, ours and flwr's FedAvgM.
+    Compared on parameters only: our rule averages BatchNorm buffers by samples and never moves them with
+    the server momentum, while Flower's FedAvgM applies the momentum to every array it is sent."""
+    _flower()
+    from flwr.app import Array, ArrayRecord
+    from flwr.serverapp.strategy import FedAvgM
+
+    model, start, rounds, sizes = _rounds_of_updates()
+    ours = _ours("fedavgm", {"beta": beta, "server_lr": server_lr}, model, start, rounds, sizes)
+    strategy = FedAvgM(server_momentum=beta, server_learning_rate=server_lr)
+    # what configure_train records before the first round
+    strategy.current_arrays = ArrayRecord({k: Array(v.numpy()) for k, v in start.items()})
+    params = {name for name, _ in model.named_parameters()}
+    for rnd, (states, mine) in enumerate(zip(rounds, ours, strict=True), start=1):
+        theirs = strategy.aggregate_train(rnd, _flower_replies(states, sizes))[0]
+        for key in params:
+            assert np.allclose(mine[key].numpy(), theirs[key].numpy(), rtol=0, atol=1e-12), (rnd, key)
+
+
+# ---- records, errors, start-up -----------------------------------------------------------------------
+def test_records_carry_nested_state_bit_for_bit():
+    _flower()
+    from flwr.app import RecordDict
+
+    from federated.flower.records import get_state, get_tree, put_state, put_tree
+
+    conv = torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last)
+    tree = {"c": {"conv.weight": conv, "n": torch.tensor(7)}, "empty": {}, "w": torch.rand(5).double(),
+            "momentum": 0.9, "steps": 3, "name": "x", "none": None, "flag": True}
+    records = RecordDict()
+    put_tree(records, "t", tree)
+    back = get_tree(records, "t")
+    assert back["c"]["conv.weight"].shape == conv.shape and torch.equal(back["c"]["conv.weight"], conv)
+    assert back["c"]["n"].dtype == torch.int64 and back["c"]["n"].shape == () and back["empty"] == {}
+    assert back["w"].dtype == torch.float64 and torch.equal(back["w"], tree["w"])
+    assert {k: back[k] for k in ("momentum", "steps", "name", "none", "flag")} == {
+        "momentum": 0.9, "steps": 3, "name": "x", "none": None, "flag": True}
+    put_state(records, "s", {"a": conv, "b": torch.tensor(2)})
+    assert torch.equal(get_state(records, "s")["a"], conv)
+    with pytest.raises(TypeError, match="t/model"):
+        put_tree(records, "t", {"model": nn.Linear(1, 1)})
+
+
+def test_engine_flower_without_flower_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    import federated.flower as flower
+
+    monkeypatch.setattr(flower, "find_spec", lambda name: None)
+    code = main(["--out", str(tmp_path / "r"), "--engine", "flower", "--rounds", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and ".[flower]" in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_engine_flower_refuses_the_centralised_baseline(tmp_path, capsys):
+    code = main(["--out", str(tmp_path / "r"), "--engine", "flower", "--centralized", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--centralized" in err, err
+
+
+@pytest.mark.parametrize("text", ["num_cpus=0", "cpus=1", "num_gpus=x", "num_cpus"])
+def test_bad_flower_resources_are_one_line(tmp_path, capsys, text):
+    code = main(["--out", str(tmp_path / "r"), "--flower-resources", text, "--rounds", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--flower-resources" in err, err
+
+
+def test_help_does_not_import_flower():
+    code = ("import sys\nfrom federated.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n"
+            "    pass\nprint('LOADED', *[m for m in ('flwr', 'ray') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert out.splitlines()[-1].split() == ["LOADED"]
