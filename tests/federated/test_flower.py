@@ -35,6 +35,17 @@ def _ray():
     pytest.importorskip("ray", reason="Flower's simulation engine needs Ray (pip install -e '.[flower]')")
 
 
+@pytest.fixture
+def one_thread():
+    """The engines agree bit for bit at equal thread counts: Ray gives each one-CPU ClientApp actor one
+    thread, so the in-process run gets one too (with two, float32 sums round differently, and a few
+    rounds of BatchNorm training on small batches turn that into visibly different metrics)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _run(path, engine, algo, extra=None, **opts):
     return run(FederateConfig(algo=algo, **{**TINY, **(extra or {})}),
                RunOptions(out=path, device="cpu", progress=False, engine=engine, **opts))
@@ -55,7 +66,7 @@ def _same_run(a, b):
 @pytest.mark.slow  # about 40 s each on the 2-core CPU VM: Ray's start-up, not the 2 rounds (5 s)
 @pytest.mark.parametrize("algo,extra", [(algo, {}) for algo in sorted(ALGORITHMS)]
                          + [("fedavg", {"bn": "local", "participation": 0.67})])
-def test_flower_simulation_equals_in_process(tmp_path, algo, extra):
+def test_flower_simulation_equals_in_process(tmp_path, algo, extra, one_thread):
     """Same seed, same metrics.jsonl (every value but the timing) and final weights within 1e-6: every
     algorithm, with its client state (SCAFFOLD, MOON, FedDyn, FedIR, --bn local) in the Flower Context."""
     _ray()
@@ -65,7 +76,7 @@ def test_flower_simulation_equals_in_process(tmp_path, algo, extra):
 
 
 @pytest.mark.slow  # two Flower simulations: about 70 s on the 2-core CPU VM
-def test_flower_resume_seeds_the_client_contexts(tmp_path):
+def test_flower_resume_seeds_the_client_contexts(tmp_path, one_thread):
     """A SCAFFOLD run stopped after round 1 and resumed: Flower's Contexts start empty in the new run, so
     the server seeds each client's c_i from state.pt; the result is the uninterrupted in-process run's."""
     _ray()
