@@ -78,6 +78,25 @@ def hue_knots(sat, val, knots):
         r0, g0, b0 = r1, g1, b1
 
 
+@nb.njit(inline="always")
+def _hue_segment(h6):
+    """Which of the six HSV segments h6 = 6 * hue (in [0, 12)) falls in, wrapped, and where in it."""
+    h6 = h6 - 6.0 if h6 >= 6.0 else h6
+    k = min(int(h6), 5)
+    return k, h6 - k
+
+
+@nb.njit(inline="always")
+def _placed(a, b, n, oy, ox, dihedral):
+    """Where pixel (a, b) of an n x n instance lands on the view: flipped by the dihedral bits
+    (1: rows, 2: columns, 4: transpose), then offset by (oy, ox)."""
+    p = n - 1 - a if dihedral & 1 else a
+    q = n - 1 - b if dihedral & 2 else b
+    if dihedral & 4:
+        p, q = q, p
+    return p + oy, q + ox
+
+
 @nb.njit(cache=True)
 def composite(view, gsum, cover, n, oy, ox, dihedral, hue, sat, val, knots):
     """Max-composite one coloured n x n instance onto ``view`` (S, S, 3) float32.
@@ -96,16 +115,10 @@ def composite(view, gsum, cover, n, oy, ox, dihedral, hue, sat, val, knots):
         for b in range(n):
             c = cover[a, b]
             if c > 0.0:
-                p = n - 1 - a if dihedral & 1 else a
-                q = n - 1 - b if dihedral & 2 else b
-                if dihedral & 4:
-                    p, q = q, p
-                y, x = p + oy, q + ox
+                y, x = _placed(a, b, n, oy, ox, dihedral)
                 if 0 <= y < s_view and 0 <= x < s_view:
-                    h6 = (hue + gsum[a, b] / c) * 6.0  # hue in [0, 1) and grade in [0, 1]: h6 in [0, 12)
-                    h6 = h6 - 6.0 if h6 >= 6.0 else h6
-                    k = min(int(h6), 5)
-                    f = h6 - k
+                    # hue in [0, 1) and grade in [0, 1]: 6 (hue + grade) in [0, 12)
+                    k, f = _hue_segment((hue + gsum[a, b] / c) * 6.0)
                     # Index the view directly: a per-pixel slice would cost a refcount round trip.
                     view[y, x, 0] = max(view[y, x, 0], c * (knots[k, 0] + f * knots[k, 3]))
                     view[y, x, 1] = max(view[y, x, 1], c * (knots[k, 1] + f * knots[k, 4]))
@@ -121,10 +134,7 @@ def colour(graded, mask, r, hue, sat, val, knots, rgb):
         for b in range(r):
             c = mask[a, b]
             if c > 0.0:
-                h6 = (hue + graded[a, b]) * 6.0
-                h6 = h6 - 6.0 if h6 >= 6.0 else h6
-                k = min(int(h6), 5)
-                f = h6 - k
+                k, f = _hue_segment((hue + graded[a, b]) * 6.0)
                 for ch in range(3):
                     rgb[ch, a, b] = c * (knots[k, ch] + f * knots[k, ch + 3])
             else:
@@ -140,11 +150,7 @@ def composite_rgb(view, rgb, n, oy, ox, dihedral):
     for a in range(n):
         for b in range(n):
             if rgb[0, a, b] > 0.0 or rgb[1, a, b] > 0.0 or rgb[2, a, b] > 0.0:
-                p = n - 1 - a if dihedral & 1 else a
-                q = n - 1 - b if dihedral & 2 else b
-                if dihedral & 4:
-                    p, q = q, p
-                y, x = p + oy, q + ox
+                y, x = _placed(a, b, n, oy, ox, dihedral)
                 if 0 <= y < s_view and 0 <= x < s_view:
                     for ch in range(3):
                         view[y, x, ch] = max(view[y, x, ch], rgb[ch, a, b])
