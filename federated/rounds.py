@@ -105,9 +105,14 @@ def plan_round(s: Setup, cfg: FederateConfig, rnd: int) -> RoundPlan:
     selected = s.algo.select(rng, cfg.participation)
     global_state = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
     initial = _test_metrics(s) if rnd == 0 else {}
-    frozen = copy.deepcopy(s.model).eval().requires_grad_(False)
+    frozen = frozen_copy(s.model)
     pools = [s.algo.epoch_pools(client, s.parts[client], cfg.local_epochs, rng) for client in selected]
     return RoundPlan(rnd, lr_at(cfg, rnd), selected, pools, global_state, frozen, initial)
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """The round's global model as the clients' hooks see it (FedProx's anchor, MOON's global view)."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
 
 
 def train_in_process(s: Setup, cfg: FederateConfig, plan: RoundPlan, device: torch.device,

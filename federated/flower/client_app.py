@@ -21,7 +21,6 @@ in the node config overrides where it lives) and trains on its own partition's s
 
 from __future__ import annotations
 
-import copy
 import json
 
 import torch
@@ -32,7 +31,7 @@ from fpsfl.base.device import resolve_device
 
 from ..experiment import FederateConfig
 from ..local import DivergenceError
-from ..rounds import RoundPlan, make_job, train_client
+from ..rounds import RoundPlan, frozen_copy, make_job, train_client
 from ..setup import Setup, setup
 from .records import get_state, get_tree, has_tree, put_state, put_tree
 
@@ -70,7 +69,7 @@ def train(msg: Message, context: Context) -> Message:
     global_state = get_state(msg.content, "global", device)
     s.model.load_state_dict(global_state)
     plan = RoundPlan(int(job["rnd"]), float(job["lr"]), [client], [pools], global_state,
-                     copy.deepcopy(s.model).eval().requires_grad_(False), {})
+                     frozen_copy(s.model), {})
     try:
         result, loss = train_client(s, cfg, make_job(cfg, plan, 0, state, device))
     except DivergenceError as exc:
