@@ -3,7 +3,8 @@
 The standard evaluation of self-supervised pre-training (Wu et al., CVPR 2018; as lightly's benchmarking
 utilities do it): embed a labelled training and test set with the frozen backbone, then classify each test
 image by a weighted vote of its k nearest training images (cosine similarity, weights exp(s / T)), and by a
-multinomial logistic regression on the standardised features (the linear probe). Chen et al., ICLR 2023
+multinomial logistic regression on the standardised features (the linear probe). :func:`effective_rank`
+(RankMe) is the label-free signal logged beside them while pre-training. Chen et al., ICLR 2023
 evaluate FPS pre-training only through federated fine-tuning; a probe tells in seconds whether a checkpoint
 learned anything, and ``pretrain --probe digits`` logs it while pre-training runs.
 """
@@ -102,6 +103,15 @@ def probe(backbone: nn.Module, data: ProbeData, input_size: int, linear: bool = 
     if linear:
         out["linear_acc"] = linear_accuracy(train_f, data.train_y, test_f, data.test_y)
     return out
+
+
+def effective_rank(features: Tensor, eps: float = 1e-7) -> float:
+    """RankMe (Garrido et al., ICML 2023, Eq. 1) of features (N, D): exp of the entropy of the singular
+    values normalised to sum 1 (each + eps). Between 1 (all rows on one line) and min(N, D) (a flat
+    spectrum); it needs no labels, so it watches pre-training where no natural image is at hand."""
+    s = torch.linalg.svdvals(features.double())
+    p = s / s.sum().clamp_min(1e-30) + eps
+    return float(torch.exp(-(p * p.log()).sum()))
 
 
 PROBES = {"digits": digits_probe}  # the labelled sets `pretrain --probe` knows (analyze probe: any dataset)

@@ -13,6 +13,7 @@ so the CPU side only renders or decodes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from fractals.stream import FractalStream, StreamConfig
 from .folder import FolderConfig, FolderSource
 from .recipe import PretrainConfig
 
+HELD_OUT_EPOCH = 2**31 - 1  # the stream's epoch index of the held-out batch (runs have fewer epochs)
 
 class FractalSource:
     """A :class:`FractalStream` of one scene kind, iterated by a DataLoader with ``workers`` processes."""
@@ -44,6 +46,14 @@ class FractalSource:
     def shard(self, rank: int, world: int) -> None:
         """Render only process ``rank``'s rows of every global batch (:func:`fractals.stream.shard_rows`)."""
         self.stream.shard = (rank, world)
+
+    def held_out(self, n: int) -> torch.Tensor:
+        """uint8 renders (V, n, S, S, 3) of a fixed batch no epoch trains on (an epoch index beyond any
+        run's), whatever the process count: the batch RankMe is measured on."""
+        cfg = dataclasses.replace(self.stream.cfg, batch_size=n, pairs_per_epoch=n)
+        stream = FractalStream(self.stream.bank, self.stream.render, cfg)
+        stream.set_epoch(HELD_OUT_EPOCH)
+        return stream.batch(0)["images"]
 
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
         self.stream.set_epoch(epoch)

@@ -41,6 +41,7 @@ from . import distributed
 from .backbones import create_backbone
 from .methods import METHODS, Method
 from .probe import PROBES, probe
+from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
 from .recipe import PretrainConfig, RunOptions
 from .sources import SOURCES
 
@@ -75,7 +76,8 @@ def epoch_seed(seed: int, epoch: int) -> int:
 def build_method(cfg: PretrainConfig, n_classes: int | None, device: torch.device) -> Method:
     torch.manual_seed(cfg.seed)  # the same seed gives the same initial weights (and MoCo bank)
     backbone = create_backbone(cfg.arch, cfg.width)
-    method = METHODS[cfg.method](backbone, cfg.method_config(), n_classes)
+    mcfg = cfg.method_config().resolve(backbone.feature_dim, cfg.size)  # head sizes depend on f and size
+    method = METHODS[cfg.method](backbone, mcfg, n_classes)
     return method.to(device)
 
 
@@ -251,6 +253,9 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     model = distributed.wrap(method, device)
     probe_data = PROBES[opts.probe]() if opts.probe and d.main else None
     initial = _probe(method, probe_data, cfg, "init") if probe_data is not None and start == 0 else {}
+    watch = _rank_watch(source, method, device) if d.main else None
+    if watch is not None and start == 0:
+        initial["rankme_init"] = watch.measure(method.backbone)
     last: dict = run.last_metrics() if d.main else {}
     for epoch in range(start, cfg.epochs):
         if opts.stop_after is not None and epoch - start >= opts.stop_after:
@@ -261,6 +266,12 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
         initial = {}
         if probe_data is not None and ((epoch + 1) % opts.probe_every == 0 or epoch + 1 == cfg.epochs):
             record.update(_probe(method, probe_data, cfg))
+        if watch is not None:
+            record["rankme"] = watch.measure(method.backbone)
+            if falling(watch.history) and not falling(watch.history[:-1]) and opts.progress:
+                first, now = watch.history[-FALL_EPOCHS - 1], watch.history[-1]
+                tqdm.write(f"note: RankMe fell in each of the last {FALL_EPOCHS} epochs ({first:.1f} -> "
+                           f"{now:.1f}): the features may be collapsing; training goes on")
         if d.main:
             _save(run, record, method, optimizer, cfg, config, opts, epoch)
         last = record
@@ -286,6 +297,13 @@ def _save(run: RunDir, record: dict, method: Method, optimizer: torch.optim.Opti
 def kept_path(out, epoch: int):
     """Where ``--keep-every`` keeps the checkpoint of ``epoch``: fps.ckpt -> fps.e0004.ckpt."""
     return out.with_name(f"{out.stem}.e{epoch:04d}{out.suffix}")
+
+
+def _rank_watch(source, method: Method, device: torch.device) -> RankWatch | None:
+    """RankMe's held-out views, for the sources that can render a held-out batch (the fractal ones)."""
+    if not hasattr(source, "held_out"):
+        return None
+    return RankWatch(source.held_out(RANK_PAIRS), method.n_views, method.augment, device)
 
 
 def _probe(method: Method, data, cfg: PretrainConfig, prefix: str = "") -> dict:

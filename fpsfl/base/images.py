@@ -45,7 +45,7 @@ class AugmentConfig:
     grayscale_p: float = 0.2  # probability of grayscale (MoCo-v2)
     blur_p: float = 0.5  # probability of Gaussian blur (MoCo-v2)
     blur_sigma: tuple[float, float] = (0.1, 2.0)  # px of the output at any size, uniform (MoCo-v2)
-    blur_kernel: int | None = None  # px, odd; None: the odd number nearest 10% of the side (SimCLR App. A)
+    blur_kernel: int | None = None  # px, odd; None: nearest 10% of the side, >= 5 (blur_kernel_size)
     flip_p: float = 0.5  # probability of a horizontal flip
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
@@ -69,8 +69,9 @@ class AugmentConfig:
 
 
 def blur_kernel_size(side: int) -> int:
-    """The odd number nearest 10% of ``side``, at least 3 (SimCLR: 23 px at 224 px; 3 px at 32 px)."""
-    return max(3, 2 * math.floor(side / 20) + 1)
+    """The odd number nearest 10% of ``side`` (SimCLR App. A: 23 px at 224 px), at least 5: the FPS code's
+    ``GaussianBlur(5)`` at 32 px (andytu28/FPS_Pre-training, main_simsiam.py / main_moco.py)."""
+    return max(5, 2 * math.floor(side / 20) + 1)
 
 
 def _col(v: Tensor, x: Tensor) -> Tensor:

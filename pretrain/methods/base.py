@@ -9,6 +9,7 @@ momentum update). State that is not a persistent buffer (MoCo's memory bank) goe
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,6 +35,20 @@ class MethodConfig:
 
     def __post_init__(self) -> None:
         check(self, style="key")
+
+    def resolve(self, feature_dim: int, size: int = 32) -> MethodConfig:
+        """This config with every size left to the recipe (None) filled in for a backbone of ``feature_dim``
+        features at ``size`` px input; methods with heads override it."""
+        return self
+
+
+HEADS = ("official", "imagenet")  # head sizes: the FPS code's (default) or the ImageNet recipes' (2048-wide)
+IMAGENET_HIDDEN = 2048  # hidden width of the ImageNet heads (SimSiam §3; MoCo-v2's MLP)
+
+
+def filled(cfg: MethodConfig, **sizes: int) -> MethodConfig:
+    """``cfg`` with each of ``sizes`` that it leaves as None set to the given value."""
+    return dataclasses.replace(cfg, **{k: v for k, v in sizes.items() if getattr(cfg, k) is None})
 
 
 def feature_std(z: Tensor) -> Tensor:

@@ -1,6 +1,7 @@
 """MoCo-v2 (Chen, Fan, Girshick & He 2020) on FPS pairs: Chen et al., ICLR 2023, §4.2 and Appendix A.2.
 
-The query encoder (backbone + 2-layer MLP head) embeds view 1; a momentum copy embeds view 2 as the positive
+The query encoder (backbone + 2-layer MLP head, f -> f -> 128 as the official FPS code, f the backbone's
+feature width; ``heads=imagenet``: 2048 wide) embeds view 1; a momentum copy embeds view 2 as the positive
 key. Negatives are the 65,536 most recent keys in a memory bank; the loss is InfoNCE with temperature 0.2.
 As in the MoCo reference the loss is not symmetrised. Heads, InfoNCE-with-bank and the momentum update
 come from lightly; the checkpoint keeps the query encoder.
@@ -33,18 +34,25 @@ from fpsfl.base.settings import setting
 
 from ..distributed import world_size
 from . import METHODS
-from .base import Method, MethodConfig, feature_std
+from .base import HEADS, IMAGENET_HIDDEN, Method, MethodConfig, feature_std, filled
 
 
 @dataclass(frozen=True)
 class MoCoV2Config(MethodConfig):
     lr: float = setting(0.03, "per 256 samples (MoCo-v2: 0.03 at batch 256), scaled linearly",
                         within="(0, inf)")
-    hidden_dim: int = setting(2048, "MLP head hidden width (MoCo-v2)", within="[1, inf)")
+    heads: str = setting("official", "head sizes: official (the FPS code's main_moco.py: an MLP as wide as "
+                                     "the backbone's features) or imagenet (MoCo-v2: 2048 wide)",
+                         choices=HEADS)
+    hidden_dim: int | None = setting(None, "MLP head hidden width (default: the backbone's feature width, "
+                                           "official; 2048, imagenet)", within="[1, inf)")
     out_dim: int = setting(128, "key/query dimension (MoCo-v2)", within="[1, inf)")
     bank_size: int = setting(65_536, "keys in the memory bank (MoCo: K = 65,536)", within="[1, inf)")
     temperature: float = setting(0.2, "InfoNCE temperature (MoCo-v2)", within="(0, inf)")
     key_momentum: float = setting(0.999, "momentum of the key encoder (MoCo: m = 0.999)", within="[0, 1)")
+
+    def resolve(self, feature_dim: int, size: int = 32) -> MoCoV2Config:
+        return filled(self, hidden_dim=IMAGENET_HIDDEN if self.heads == "imagenet" else feature_dim)
 
 
 @METHODS.register
@@ -53,6 +61,7 @@ class MoCoV2(Method):
     Config = MoCoV2Config
 
     def __init__(self, backbone: nn.Module, cfg: MoCoV2Config, n_classes: int | None = None):
+        cfg = cfg.resolve(backbone.feature_dim)  # a no-op when built by the training loop, which resolves
         super().__init__(backbone, cfg)
         self.head = MoCoProjectionHead(backbone.feature_dim, cfg.hidden_dim, cfg.out_dim)
         self.key_backbone, self.key_head = copy.deepcopy(backbone), copy.deepcopy(self.head)

@@ -3,7 +3,10 @@
 The two views go through backbone f and projector g; a predictor h maps one view's projection onto the
 other's, which is held fixed (stop-gradient). The loss is symmetric:
 L = D(h(z1), sg(z2)) / 2 + D(h(z2), sg(z1)) / 2, with D the negative cosine similarity.
-Heads and D come from lightly. Under torchrun every BatchNorm is synchronised over the processes, as the
+Heads and D come from lightly; their sizes are the official FPS code's by default (andytu28/FPS_Pre-training,
+``main_simsiam.py``: projector f -> f -> f -> 512 and predictor 512 -> 128 -> 512 at 32 px, f the backbone's
+feature width; 2048/512 outputs at 224 px), ``heads=imagenet`` gives SimSiam's ImageNet heads (2048 wide).
+Under torchrun every BatchNorm is synchronised over the processes, as the
 SimSiam reference does, so the loss and the gradients are those of one process with the whole batch.
 """
 
@@ -18,7 +21,7 @@ from torch import Tensor, nn
 from fpsfl.base.settings import setting
 
 from . import METHODS
-from .base import Method, MethodConfig, feature_std
+from .base import HEADS, IMAGENET_HIDDEN, Method, MethodConfig, feature_std, filled
 
 _criterion = NegativeCosineSimilarity()
 
@@ -32,9 +35,23 @@ def simsiam_loss(p1: Tensor, p2: Tensor, z1: Tensor, z2: Tensor) -> Tensor:
 class SimSiamConfig(MethodConfig):
     lr: float = setting(0.05, "per 256 samples, scaled linearly (SimSiam §4: lr = 0.05 * B / 256)",
                         within="(0, inf)")
-    proj_dim: int = setting(2048, "projector hidden and output width (SimSiam §3)", within="[1, inf)")
-    pred_dim: int = setting(512, "predictor bottleneck width (SimSiam §3)", within="[1, inf)")
+    heads: str = setting("official", "head sizes: official (the FPS code's: hidden layers as wide as the "
+                                     "backbone's features, 512/128 at 32 px, 2048/512 above) or imagenet "
+                                     "(SimSiam §3: 2048-wide hidden layers, 2048/512)", choices=HEADS)
+    hidden_dim: int | None = setting(None, "projector hidden width (default: the backbone's feature width, "
+                                           "official; 2048, imagenet)", within="[1, inf)")
+    proj_dim: int | None = setting(None, "projector output width (default: 512 at 32 px, 2048 above, "
+                                         "official main_simsiam.py; 2048, imagenet)", within="[1, inf)")
+    pred_dim: int | None = setting(None, "predictor bottleneck width (default: 128 at 32 px, 512 above, "
+                                         "official; 512, imagenet)", within="[1, inf)")
     fixed_predictor_lr: bool = True  # SimSiam §4.1: the predictor's lr is not decayed
+
+    def resolve(self, feature_dim: int, size: int = 32) -> SimSiamConfig:
+        if self.heads == "imagenet":
+            return filled(self, hidden_dim=IMAGENET_HIDDEN, proj_dim=2048, pred_dim=512)
+        small = size <= 32  # the FPS code overrides SimSiam's 2048/512 with 512/128 at CIFAR scale
+        return filled(self, hidden_dim=feature_dim, proj_dim=512 if small else 2048,
+                      pred_dim=128 if small else 512)
 
 
 @METHODS.register
@@ -44,8 +61,11 @@ class SimSiam(Method):
     sync_bn = True  # SimSiam §4.1 / Appendix A: BN over the whole batch of all devices (SyncBN)
 
     def __init__(self, backbone: nn.Module, cfg: SimSiamConfig, n_classes: int | None = None):
+        cfg = cfg.resolve(backbone.feature_dim)  # a no-op when built by the training loop, which resolves
         super().__init__(backbone, cfg)
-        self.projector = SimSiamProjectionHead(backbone.feature_dim, cfg.proj_dim, cfg.proj_dim)
+        # projector Linear(f, h) BN ReLU, Linear(h, h) BN ReLU, Linear(h, d) BN(affine=False);
+        # predictor d -> p (BN ReLU) -> d: the official heads
+        self.projector = SimSiamProjectionHead(backbone.feature_dim, cfg.hidden_dim, cfg.proj_dim)
         self.predictor = SimSiamPredictionHead(cfg.proj_dim, cfg.pred_dim, cfg.proj_dim)
 
     def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:

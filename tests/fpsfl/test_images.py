@@ -117,7 +117,8 @@ def test_blur_with_zero_sigma_is_exact_identity():
 
 
 def test_blur_kernel_size_is_nearest_odd_tenth():
-    assert [blur_kernel_size(s) for s in (8, 32, 64, 96, 224)] == [3, 3, 7, 9, 23]
+    # 5 px at 32 px as the FPS code's GaussianBlur(5); the nearest odd tenth of the side above
+    assert [blur_kernel_size(s) for s in (8, 32, 64, 96, 224)] == [5, 5, 7, 9, 23]
 
 
 # --- crop -----------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -88,3 +89,40 @@ def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, cap
     assert len(record["points"][0]["federated"]) == 2 and record["points"][1]["federated"] == []
     assert len(record["random_federated"]) == 1 and (tmp_path / "b" / "budget.png").is_file()
     assert "pairs: kNN" in capsys.readouterr().out
+
+
+def test_effective_rank_matches_the_rankme_definition():
+    import numpy as np
+
+    from pretrain.probe import effective_rank
+
+    gen = torch.Generator().manual_seed(0)
+    feats = torch.randn(100, 8, generator=gen) * torch.tensor([5.0, 4, 3, 2, 1, 0.5, 0.1, 0.01])
+    s = np.linalg.svd(feats.double().numpy(), compute_uv=False)
+    p = s / s.sum() + 1e-7
+    assert effective_rank(feats) == pytest.approx(float(np.exp(-(p * np.log(p)).sum())), rel=1e-9)
+    # invariants: one direction -> 1, a flat spectrum -> its dimension, and the scale does not matter
+    line = torch.randn(50, 1, generator=gen) @ torch.randn(1, 6, generator=gen)
+    assert effective_rank(line) == pytest.approx(1.0, abs=1e-3)
+    assert effective_rank(torch.eye(6)) == pytest.approx(6.0, rel=1e-5)
+    assert effective_rank(3 * feats) == pytest.approx(effective_rank(feats), rel=1e-9)
+
+
+def test_falling_rank_needs_steady_and_real_decline():
+    from pretrain.rankme import falling
+
+    assert falling([40, 38, 36, 34])
+    assert not falling([40, 38, 39, 34])  # not steady
+    assert not falling([40, 39.9, 39.8, 39.7])  # less than 5% overall
+    assert not falling([40, 38, 36])  # too short to say
+
+
+def test_pretrain_logs_rankme_every_epoch(tmp_path):
+    from pretrain.cli import main
+
+    out = tmp_path / "fps.ckpt"
+    main(["fps", "--epochs", "2", "--pairs-per-epoch", "64", "--batch-size", "32", "--device", "cpu",
+          "--quiet", "--width", "0.25", "--out", str(out)])
+    lines = [json.loads(x) for x in (tmp_path / "fps.run" / "metrics.jsonl").read_text().splitlines()]
+    assert "rankme_init" in lines[0]
+    assert all(1.0 <= line["rankme"] <= 16 for line in lines)  # width 0.25: 16 features
