@@ -1,106 +1,170 @@
 """``analyze budget``: how much FPS pre-training is needed (no paper publishes this curve).
 
-For checkpoints of increasing pre-training budgets and federated runs started from them (and from random
-init), draws against the number of FPS pairs seen (log scale): the kNN and linear probes of each
-checkpoint's frozen backbone on digits (:mod:`pretrain.probe`), and the final federated test accuracy as
-mean ± std over the seeds of the runs whose ``--init`` was that checkpoint; random init is a horizontal
-line in both panels. ``recipes/budget.sh`` makes the inputs.
+For checkpoints of increasing pre-training budgets (several seeds per budget allowed) and federated runs
+started from them (and from random init), draws against the number of FPS pairs seen (log scale):
+- the kNN and linear probes of each checkpoint's frozen backbone (:mod:`pretrain.probe`) on a labelled set
+  (digits by default; ``--dataset imagefolder --data-root DIR`` for natural images, e.g. a CIFAR-10 subset),
+  as mean ± std over the checkpoints of one budget; random init is a horizontal line;
+- the label-free signals the pre-training run logged at the checkpoint's epoch (its ``metrics.jsonl``):
+  RankMe (Garrido et al., ICML 2023) on held-out fractal views and SimSiam's ``z_std``;
+- the final federated test accuracy, mean ± std over the seeds of the runs whose ``--init`` was one of
+  that budget's checkpoints (the panel is left out when no run is given).
+``recipes/budget.sh`` makes the inputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from fpsfl.base.checkpoint import load_checkpoint
 from fpsfl.base.device import resolve_device
-from pretrain.probe import digits_probe
 
 from .output import new_figure, output_dir, save_figure, write_json
-from .probe import probe_checkpoint
+from .probe import probe_checkpoint, probe_data
 from .runs import AnalysisError, Run, load_runs
 
+SIGNALS = ("rankme", "z_std")  # the run's own per-epoch quality signals drawn beside the probes
 
-def pairs_seen(path: str) -> int:
+
+def pairs_seen(ckpt: dict, path: str) -> int:
     """Pairs a checkpoint saw: its epoch times the pairs per epoch of its run."""
-    ckpt = load_checkpoint(path)
     per_epoch = ckpt["config"].get("pretrain", {}).get("pairs_per_epoch")
     if not isinstance(per_epoch, int):
         raise AnalysisError(f"{path} does not record pairs_per_epoch; is it a fractal pre-training run?")
     return ckpt["epoch"] * per_epoch
 
 
+def run_signals(path: str, epoch: int) -> dict[str, float]:
+    """RankMe and z_std of ``epoch`` from the run directory beside the checkpoint (fps.ckpt or a kept
+    fps.e0004.ckpt -> fps.run/metrics.jsonl); empty when the run directory is not there."""
+    p = Path(path)
+    metrics = p.with_name(re.sub(r"\.e\d{4,}$", "", p.stem) + ".run") / "metrics.jsonl"
+    if not metrics.is_file():
+        return {}
+    for line in metrics.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line: the signals of that epoch are missing, not an error here
+        if record.get("epoch") == epoch:
+            return {k: float(record[k]) for k in SIGNALS if k in record}
+    return {}
+
+
 def _final_accs(runs: list[Run]) -> list[float]:
     return [100 * run.metrics[-1]["test_acc"] for run in runs]
 
 
-def budget_points(checkpoints: list[str], runs: list[Run], device: str, seed: int) -> dict:
-    """Per checkpoint: pairs, probes and the federated accuracies of the runs it initialised."""
-    data = digits_probe()
-    points = []
+def budget_points(checkpoints: list[str], runs: list[Run], data, device: str, seed: int,
+                  input_size: int | None = None) -> dict:
+    """Per budget (pairs seen): each checkpoint's probes and signals, and the federated accuracies of the
+    runs that any of its checkpoints initialised."""
+    by_pairs: dict[int, list[dict]] = defaultdict(list)
+    random = None
     for path in checkpoints:
-        probe = probe_checkpoint(path, data, None, resolve_device(device), seed)
-        mine = [r for r in runs if Path(r.config.init).resolve() == Path(path).resolve()]
-        points.append({"checkpoint": path, "pairs": pairs_seen(path), "knn_acc": probe["probe"]["knn_acc"],
-                       "linear_acc": probe["probe"]["linear_acc"], "federated": _final_accs(mine),
-                       "random_knn_acc": probe["random_init"]["knn_acc"],
-                       "random_linear_acc": probe["random_init"]["linear_acc"]})
-    points.sort(key=lambda p: p["pairs"])
-    random = _final_accs([r for r in runs if r.config.init == "random"])
-    return {"points": points, "random_federated": random}
+        ckpt = load_checkpoint(path)
+        result = probe_checkpoint(path, data, input_size, resolve_device(device), seed)
+        random = random or result["random_init"]
+        by_pairs[pairs_seen(ckpt, path)].append(
+            {"checkpoint": path, "seed": ckpt["config"].get("pretrain", {}).get("seed"), **result["probe"],
+             **run_signals(path, ckpt["epoch"])})
+    points = []
+    for pairs, members in sorted(by_pairs.items()):
+        paths = {Path(m["checkpoint"]).resolve() for m in members}
+        mine = [r for r in runs if Path(r.config.init).resolve() in paths]
+        points.append({"pairs": pairs, "checkpoints": members, "federated": _final_accs(mine),
+                       **{k: [m[k] for m in members if k in m]
+                          for k in ("knn_acc", "linear_acc", *SIGNALS)}})
+    return {"points": points, "random_init": random,
+            "random_federated": _final_accs([r for r in runs if r.config.init == "random"])}
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
-    return (float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0)
+    if not values:
+        return float("nan"), 0.0
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
-def plot_budget(result: dict, path: Path) -> None:
-    points = result["points"]
+def _errorbar(ax, x, points, key, scale, **kw) -> None:
+    stats = [_mean_std([scale * v for v in p[key]]) for p in points]
+    ax.errorbar(x, [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3, **kw)
+
+
+def plot_budget(result: dict, path: Path, dataset: str) -> None:
+    points, base = result["points"], result["random_init"]
     x = [p["pairs"] for p in points]
-    fig, (px, fx) = new_figure(2)
-    px.plot(x, [100 * p["knn_acc"] for p in points], "-o", label="kNN probe")
-    px.plot(x, [100 * p["linear_acc"] for p in points], "-s", label="linear probe")
-    px.axhline(100 * points[0]["random_knn_acc"], color="C0", ls=":", label="random init, kNN")
-    px.axhline(100 * points[0]["random_linear_acc"], color="C1", ls=":", label="random init, linear")
-    px.set(xscale="log", xlabel="FPS pairs seen", ylabel="digits test accuracy (%)",
-           title="frozen-feature probes on digits")
-    fed = [_mean_std(p["federated"]) if p["federated"] else (np.nan, 0.0) for p in points]
-    fx.errorbar(x, [m for m, _ in fed], yerr=[s for _, s in fed], fmt="-o", capsize=3,
-                label="FedAvg from FPS init")
-    if result["random_federated"]:
-        m, s = _mean_std(result["random_federated"])
-        fx.axhline(m, color="C3", ls=":", label=f"FedAvg from random init ({m:.1f} ± {s:.1f})")
-    fx.set(xscale="log", xlabel="FPS pairs seen", ylabel="final test accuracy (%)",
-           title="FedAvg on digits, mean ± std over seeds")
+    fed = any(p["federated"] for p in points) or bool(result["random_federated"])
+    fig, axes = new_figure(3 if fed else 2)
+    px, sx = axes[0], axes[1]
+    _errorbar(px, x, points, "knn_acc", 100, fmt="-o", label="kNN probe")
+    _errorbar(px, x, points, "linear_acc", 100, fmt="-s", label="linear probe")
+    px.axhline(100 * base["knn_acc"], color="C0", ls=":", label="random init, kNN")
+    px.axhline(100 * base["linear_acc"], color="C1", ls=":", label="random init, linear")
+    px.set(xscale="log", xlabel="FPS pairs seen", ylabel=f"{dataset} test accuracy (%)",
+           title=f"frozen-feature probes on {dataset}, mean ± std over seeds")
+    _errorbar(sx, x, points, "rankme", 1, fmt="-o", color="C2", label="RankMe (held-out fractal views)")
+    sx.set(xscale="log", xlabel="FPS pairs seen", ylabel="RankMe of the backbone's features",
+           title="label-free signals at the checkpoint")
+    zx = sx.twinx()
+    _errorbar(zx, x, points, "z_std", 1, fmt="--s", color="C4", label="z_std (SimSiam)")
+    zx.set_ylabel("z_std")
+    sx.legend(fontsize=7, loc="upper left")
+    zx.legend(fontsize=7, loc="lower right")
+    if fed:
+        fx = axes[2]
+        _errorbar(fx, x, points, "federated", 1, fmt="-o", label="FedAvg from FPS init")
+        if result["random_federated"]:
+            m, s = _mean_std(result["random_federated"])
+            fx.axhline(m, color="C3", ls=":", label=f"FedAvg from random init ({m:.1f} ± {s:.1f})")
+        fx.set(xscale="log", xlabel="FPS pairs seen", ylabel="final test accuracy (%)",
+               title="FedAvg, mean ± std over seeds")
+        fx.legend(fontsize=7)
     px.legend(fontsize=7)
-    fx.legend(fontsize=7)
     save_figure(fig, path)
+
+
+def _text(values: list[float], scale: float = 100) -> str:
+    m, s = _mean_std([scale * v for v in values])
+    return f"{m:.1f}" + (f" ± {s:.1f}" if len(values) > 1 else "") if values else "–"
 
 
 def cmd_budget(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs) if args.runs else []
+    data = probe_data(args.dataset, args.data_root, args.seed)
     out = output_dir(args.out, [])
-    result = budget_points(args.checkpoints, runs, args.device, args.seed)
-    plot_budget(result, out / "budget.png")
+    result = budget_points(args.checkpoints, runs, data, args.device, args.seed, args.input_size)
+    result["dataset"] = args.dataset
+    plot_budget(result, out / "budget.png", args.dataset)
     write_json(out / "budget.json", result)
+    base = result["random_init"]
+    print(f"{'random init':>16s}: kNN {100 * base['knn_acc']:.1f}%, linear {100 * base['linear_acc']:.1f}%"
+          + (f", FedAvg {_text(result['random_federated'], 1)}" if result["random_federated"] else ""))
     for p in result["points"]:
-        fed = p["federated"]
-        mean, std = _mean_std(fed) if fed else (0.0, 0.0)
-        text = f"{mean:.1f} ± {std:.1f} (n={len(fed)})" if fed else "no runs"
-        print(f"{p['pairs']:>10,} pairs: kNN {100 * p['knn_acc']:.1f}%, linear {100 * p['linear_acc']:.1f}%, "
-              f"FedAvg {text}")
+        fed = f", FedAvg {_text(p['federated'], 1)}" if p["federated"] else ""
+        print(f"{p['pairs']:>10,} pairs: kNN {_text(p['knn_acc'])}%, linear {_text(p['linear_acc'])}%, "
+              f"RankMe {_text(p['rankme'], 1)} (n={len(p['checkpoints'])}){fed}")
     print(f"wrote {out / 'budget.png'} and budget.json")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("budget", help="probe and FedAvg accuracy against FPS pairs seen (pre-training "
-                       "budget study)", description=__doc__,
+    p = sub.add_parser("budget", help="probes, RankMe and FedAvg accuracy against FPS pairs seen "
+                       "(pre-training budget study)", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="pretrain checkpoints of several budgets")
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT",
+                   help="pretrain checkpoints of several budgets (several seeds of a budget are averaged)")
     p.add_argument("--runs", nargs="*", default=[], metavar="RUN",
                    help="federate run directories from those checkpoints and from random init")
+    p.add_argument("--dataset", default="digits", help="labelled set of the probes: a classification "
+                   "dataset of federate (default: digits)")
+    p.add_argument("--data-root", help="folder holding the dataset (see federate --help)")
+    p.add_argument("--input-size", type=int, help="px the backbone sees (default: the checkpoint's "
+                   "pre-training size)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random-init probe baseline (default 0)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--out", help="output folder (default ./analysis)")

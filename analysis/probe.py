@@ -23,10 +23,11 @@ from pretrain.probe import ProbeData, probe
 from .runs import AnalysisError
 
 
-def _data(args: argparse.Namespace) -> ProbeData:
-    data = load_dataset(DataConfig(name=args.dataset, root=args.data_root, val_fraction=0.0, seed=args.seed))
+def probe_data(dataset: str, root: str | None, seed: int) -> ProbeData:
+    """A classification dataset of ``federate`` (its whole training and test sets) as probe data."""
+    data = load_dataset(DataConfig(name=dataset, root=root, val_fraction=0.0, seed=seed))
     if data.task != "classification":
-        raise AnalysisError(f"analyze probe needs a classification dataset, not {args.dataset!r}")
+        raise AnalysisError(f"a probe needs a classification dataset, not {dataset!r}")
     return ProbeData(data.train_x, data.train_y, data.test_x, data.test_y, data.n_classes)
 
 
@@ -47,7 +48,7 @@ def probe_checkpoint(path: str, data: ProbeData, input_size: int | None, device:
 def cmd_probe(args: argparse.Namespace) -> None:
     out = writable_dir(Path(args.out or "analysis"))
     device = resolve_device(args.device)
-    data = _data(args)
+    data = probe_data(args.dataset, args.data_root, args.seed)
     rows = [probe_checkpoint(p, data, args.input_size, device, args.seed) for p in args.checkpoints]
     print(f"{'checkpoint':40s} {'kNN':>7s} {'linear':>7s}   random init: {'kNN':>7s} {'linear':>7s}")
     for r in rows:

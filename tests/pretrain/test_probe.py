@@ -70,12 +70,13 @@ def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, cap
     from federated.cli import main as federate
 
     ckpts = []
-    for pairs in (32, 64):
-        out = tmp_path / f"b{pairs}.ckpt"
+    for pairs, seed in ((32, 0), (64, 0), (64, 1)):  # two seeds of the 64-pair budget are averaged
+        out = tmp_path / f"b{pairs}-s{seed}.ckpt"
         assert pretrain(["fps", "--arch", "resnet20", "--width", "0.25", "--size", "16", "--epochs", "2",
                          "--pairs-per-epoch", str(pairs // 2), "--batch-size", "16", "--device", "cpu",
-                         "--quiet", "--out", str(out)]) == 0
+                         "--seed", str(seed), "--quiet", "--keep-every", "1", "--out", str(out)]) == 0
         ckpts.append(str(out))
+    ckpts[0] = str(tmp_path / "b32-s0.e0002.ckpt")  # a kept epoch finds its run directory too
     tiny = ["--width", "0.25", "--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
             "--quiet", "--alpha", "1.0", "--batch-size", "32", "--no-eval-local"]
     for init, seed in ((ckpts[0], 0), (ckpts[0], 1), ("random", 0)):
@@ -88,6 +89,9 @@ def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, cap
     assert [p["pairs"] for p in record["points"]] == [32, 64]
     assert len(record["points"][0]["federated"]) == 2 and record["points"][1]["federated"] == []
     assert len(record["random_federated"]) == 1 and (tmp_path / "b" / "budget.png").is_file()
+    assert [len(p["checkpoints"]) for p in record["points"]] == [1, 2]
+    assert all(len(p["rankme"]) == len(p["knn_acc"]) == len(p["checkpoints"]) for p in record["points"])
+    assert 0 < record["points"][1]["z_std"][0] < 1
     assert "pairs: kNN" in capsys.readouterr().out
 
 
