@@ -16,7 +16,7 @@ from fpsfl.base.cli import Parser, UsageError, positive, run_main
 
 from .ifs import PAPER_BANK, BankError, bank_or_sample, sample_codes, save_bank
 from .preview import make_cells, write_grid
-from .scenes import LOOKS, RenderConfig, fps_pairs
+from .scenes import INSTANCES, LOOKS, RenderConfig, fps_pairs
 from .stats import OFFICIAL_32PX, view_stats
 from .stream import KINDS
 from .throughput import measure
@@ -38,7 +38,7 @@ def cmd_bank(args: argparse.Namespace) -> None:
 
 def cmd_preview(args: argparse.Namespace) -> None:
     positive("--n", args.n)
-    cfg = RenderConfig.preset(_size(args.size), look=args.look)
+    cfg = RenderConfig.preset(_size(args.size), look=args.look, instances=args.instances)
     images = make_cells(args.kind, bank_or_sample(args.bank, args.seed), cfg, args.n, args.seed, args.augs)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     height, width = write_grid(images, args.out)
@@ -47,11 +47,11 @@ def cmd_preview(args: argparse.Namespace) -> None:
 
 def cmd_stats(args: argparse.Namespace) -> None:
     positive("--pairs", args.pairs)
-    cfg = RenderConfig.preset(_size(args.size), look=args.look)
+    cfg = RenderConfig.preset(_size(args.size), look=args.look, instances=args.instances)
     views, _, _ = fps_pairs(bank_or_sample(args.bank, args.seed), cfg, args.pairs,
                             np.random.default_rng(args.seed))
-    record = {"look": args.look, "size": cfg.size, "pairs": args.pairs, **view_stats(views.reshape(
-        -1, cfg.size, cfg.size, 3))}
+    record = {"look": args.look, "instances": args.instances, "size": cfg.size, "pairs": args.pairs,
+              **view_stats(views.reshape(-1, cfg.size, cfg.size, 3))}
     if cfg.size == 32:
         record["official_32px"] = OFFICIAL_32PX
     if args.json:
@@ -70,13 +70,21 @@ def cmd_bench(args: argparse.Namespace) -> None:
     positive("--workers", args.workers)
     bank = bank_or_sample(args.bank, args.seed)
     record = {**measure(bank, _size(args.size), args.pairs, args.workers, args.augs, args.seed,
-                       progress=not args.json, look=args.look), "look": args.look}
+                       progress=not args.json, look=args.look, instances=args.instances),
+              "look": args.look, "instances": args.instances}
     if args.json:
         print(json.dumps(record))
     else:
         print(f"{record['pairs_per_s']:.0f} pairs/s at {record['size']} px "
               f"({'with' if record['augs'] else 'no'} image augs, {record['workers']} worker(s)); "
               f"{record['ns_per_point']:.2f} ns per chaos-game point, all work included")
+
+
+def _instances_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--instances", choices=INSTANCES, default="shared",
+                        help="shared: each code of a pair is rendered once and both views place that grey "
+                             "instance with their own colour, flips, size, placement and blur (the official "
+                             "generator; default); independent: each view renders its own instance")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,11 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", default="preview.png", help="output PNG path (default: preview.png)")
     v.add_argument("--look", choices=LOOKS, default="paper", help="paper: the official generator's "
                    "(default); sparse: this project's first renderer")
+    _instances_flag(v)
     v.set_defaults(run=cmd_preview)
 
     t = sub.add_parser("stats", help="coverage, adjacent colour difference and brightness of FPS views, "
                        "against the official generator's")
     t.add_argument("--look", choices=LOOKS, default="paper", help="paper (default) | sparse")
+    _instances_flag(t)
     t.add_argument("--size", type=int, default=32, help="image side in px (default 32)")
     t.add_argument("--pairs", type=int, default=200, help="pairs rendered (default 200)")
     t.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
@@ -125,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
     m.add_argument("--look", choices=LOOKS, default="paper", help="paper: the official generator's "
                    "(default); sparse: this project's first renderer")
+    _instances_flag(m)
     m.add_argument("--json", action="store_true", help="print one JSON line instead of a sentence")
     m.set_defaults(run=cmd_bench)
     return p

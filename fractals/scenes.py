@@ -1,10 +1,13 @@
 """Batches of fractal scenes: FPS pairs, multi-label images and single-fractal images.
 
 Chen et al., ICLR 2023: Fractal Pair Similarity (§4.2, Fig. 2c, Appendix A.1.2) draws I distinct codes per
-pair and renders two independently jittered instances of each, one per view, so the views share their codes
-and nothing else. The Table 6 baselines are multi-label fractal images (Anderson & Farrell 2022: J classes,
-I fractals per image, multi-hot label) and single-fractal images whose two views come from image-level
-augmentation only ("fractal + SimSiam").
+pair and places an instance of each in both views. By default (``instances="shared"``) the two views place
+the same jittered, rendered grey instance and differ in colour, flips, size, placement and blur, as the
+official generator does (it caches one grey render per class and both views take it from that cache;
+issue 23); ``instances="independent"`` renders an independently jittered instance per view. The Table 6
+baselines are multi-label fractal images (Anderson & Farrell 2022: J classes, I fractals per image,
+multi-hot label) and single-fractal images whose two views come from image-level augmentation only
+("fractal + SimSiam").
 
 All scene randomness below the choice of codes comes from one 64-bit seed per scene, consumed inside one
 compiled call per batch (:func:`render_scenes`).
@@ -35,6 +38,7 @@ from .render import (
 )
 
 LOOKS = ("paper", "sparse")  # see RenderConfig.preset
+INSTANCES = ("shared", "independent")  # see RenderConfig.instances
 ALL = slice(None)  # every row of a batch
 
 
@@ -60,6 +64,9 @@ class RenderConfig:
     blur_radius: int = 1  # px: a 3x3 kernel, as the official generator; 0: ceil(2 sigma)
     render_full: bool = True  # render each instance at the view's side, then resize it to its placed size
     colour_first: bool = True  # colour at render resolution, then resize the colours (else resize, colour)
+    # shared: each code of a scene is jittered and rendered once and every view places that grey instance,
+    # as the official generator's per-class cache does; independent: each view renders its own instance
+    instances: str = "shared"
 
     @classmethod
     def preset(cls, size: int, look: str = "paper", **overrides) -> RenderConfig:
@@ -96,6 +103,7 @@ class RenderConfig:
             "off_canvas must lie in [0, 0.5)": 0 <= self.off_canvas < 0.5,
             "probabilities must lie in [0, 1]": 0 <= self.patch_p <= 1 and 0 <= self.blur_p <= 1,
             "blur_radius must be >= 0": self.blur_radius >= 0,
+            f"instances must be one of {', '.join(INSTANCES)}": self.instances in INSTANCES,
         }
         for message, ok in checks.items():
             if not ok:
@@ -110,7 +118,7 @@ class RenderConfig:
 _KernelParams = namedtuple(
     "_KernelParams",
     "n_steps render_cap scale_lo scale_hi off_canvas jit_lo jit_hi jit_tries sat_lo sat_hi "
-    "val_lo val_hi flips patch_p blur_p blur_lo blur_hi blur_radius render_full colour_first",
+    "val_lo val_hi flips patch_p blur_p blur_lo blur_hi blur_radius render_full colour_first shared",
 )
 
 
@@ -119,48 +127,73 @@ def _kernel_params(cfg: RenderConfig) -> _KernelParams:
         cfg.points_per_instance // CHAINS, min(cfg.render_cap, cfg.size), *map(float, cfg.scale),
         float(cfg.off_canvas), *map(float, cfg.jitter), cfg.jitter_tries, *map(float, cfg.saturation),
         *map(float, cfg.value), cfg.flips, float(cfg.patch_p), float(cfg.blur_p), *map(float, cfg.blur_sigma),
-        cfg.blur_radius, cfg.render_full, cfg.colour_first,
+        cfg.blur_radius, cfg.render_full, cfg.colour_first, cfg.instances == "shared",
     )
 
 
 @nb.njit(cache=True)
-def _scratch(side, prm):
-    """Work buffers reused by every instance of a batch (allocation per instance would dominate at 32 px)."""
+def _scratch(side, n_codes, prm):
+    """Work buffers reused by every instance of a batch (allocation per instance would dominate at 32 px);
+    the jittered codes, patches and renders are kept per code of a scene (n_codes), for shared instances."""
     cap = prm.render_cap
     big = max(1, int(prm.scale_hi * side + 0.5))  # largest instance side
     return (
         np.empty((cap + 2) * (cap + 2), np.int32),  # 0: hit counts, padded
-        np.empty((cap, cap), np.float32), np.empty((cap, cap), np.float32),  # 1, 2: grade and hit mask
+        np.empty((n_codes, cap, cap), np.float32),  # 1: grade per code
+        np.empty((n_codes, cap, cap), np.float32),  # 2: hit mask per code
         np.empty((big, big), np.float32), np.empty((big, big), np.float32),  # 3, 4: the same, resized
         np.empty((cap, big), np.float32),  # 5: resize rows
         np.empty(max(cap, big), np.int64), np.empty(max(cap, big), np.int64), np.empty(max(cap, big)),  # 6-8
-        np.empty((MAX_MAPS, 6)), np.empty(MAX_MAPS), np.empty(LUT_SIZE, np.uint8),  # 9-11: jittered code
-        np.empty((CHAINS, 2)), np.zeros((3, 3), np.bool_), np.empty((6, 6)),  # 12-14: starts, patch, knots
+        np.empty((n_codes, MAX_MAPS, 6)), np.empty(MAX_MAPS), np.empty((n_codes, LUT_SIZE), np.uint8),  # 9-11
+        np.empty((n_codes, CHAINS, 2)), np.zeros((n_codes, 3, 3), np.bool_), np.empty((6, 6)),  # 12-14
         np.empty((3, cap, cap), np.float32), np.empty((3, big, big), np.float32),  # 15, 16: colours, resized
+        np.empty(n_codes, np.uint64),  # 17: chaos-game seeds
     )
 
 
 @nb.njit(cache=True)
-def _draw_instance(view, code, n_maps, st, prm, work):
-    """Jitter, render, colour, flip, resize and place one instance of ``code`` onto ``view``."""
-    counts_buf, graded, mask, big_g, big_c, rows, i0, i1, frac, m, probs, lut, starts, patch, knots, rgb, \
-        big_rgb = work
-    side = view.shape[0]
+def _jitter(j, code, n_maps, st, prm, work):
+    """Instance j's jittered code, its map-choice table and its chain starts (work[9, 11, 12][j])."""
+    m, probs, lut, starts = work[9][j], work[10], work[11][j], work[12][j]
     jitter_code(code, n_maps, st, prm.jit_lo, prm.jit_hi, prm.jit_tries, m, probs)
     build_lut(probs, lut)
     chain_starts(m, n_maps, starts)
-    size = max(1, int(uniform(st, prm.scale_lo, prm.scale_hi) * side + 0.5))
-    r = min(side if prm.render_full else size, prm.render_cap)
+
+
+@nb.njit(cache=True)
+def _placed_size(st, prm, side):
+    return max(1, int(uniform(st, prm.scale_lo, prm.scale_hi) * side + 0.5))
+
+
+@nb.njit(cache=True)
+def _patch_and_seed(j, st, prm, work):
+    """Instance j's 3x3 patch (work[13][j]) and chaos-game seed (work[17][j])."""
+    patch = work[13][j]
     patch[:] = False
     if uniform(st, 0.0, 1.0) < prm.patch_p:
         bits = next_u64(st)
         for q in range(9):
             patch[q // 3, q % 3] = ((bits >> np.uint64(q)) & np.uint64(1)) != 0
     patch[1, 1] = True
+    work[17][j] = next_u64(st)
+
+
+@nb.njit(cache=True)
+def _rasterise(j, r, prm, work):
+    """Render instance j at r x r px: chaos game, patch splat, then grade and hit mask into work[1, 2][j]."""
+    counts_buf = work[0]
     canvas = counts_buf[: (r + 2) * (r + 2)].reshape(r + 2, r + 2)
     canvas[:] = 0
-    chaos_game(m, lut, starts, prm.n_steps, next_u64(st), r, canvas, patch)
-    grade(canvas, r, graded, mask)
+    chaos_game(work[9][j], work[11][j], work[12][j], prm.n_steps, work[17][j], r, canvas, work[13][j])
+    grade(canvas, r, work[1][j], work[2][j])
+
+
+@nb.njit(cache=True)
+def _place(view, j, r, size, st, prm, work):
+    """Colour, flip, resize to ``size`` and place instance j's r x r render (work[1, 2][j]) onto ``view``."""
+    graded, mask, big_g, big_c, rows, i0, i1, frac = work[1][j], work[2][j], *work[3:9]
+    knots, rgb, big_rgb = work[14], work[15], work[16]
+    side = view.shape[0]
     hue = uniform(st, 0.0, 1.0)
     sat = uniform(st, prm.sat_lo, prm.sat_hi)
     val = uniform(st, prm.val_lo, prm.val_hi)
@@ -183,26 +216,57 @@ def _draw_instance(view, code, n_maps, st, prm, work):
     composite(view, graded, mask, size, oy, ox, dihedral, hue, sat, val, knots)
 
 
+@nb.njit(cache=True)
+def _render_size(prm, side, size):
+    return min(side if prm.render_full else size, prm.render_cap)
+
+
+@nb.njit(cache=True)
+def _keep_grey(grey, v, b, j, r, work):
+    # Debug output for tests: the grey render (grade) that view v of scene b placed for code j.
+    if grey.shape[0] > 0:
+        grey[v, b, j, :r, :r] = work[1][j, :r, :r]
+
+
 @nb.njit(cache=True, nogil=True)
-def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
+def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out, grey):
     """Render scenes into ``out`` (V, B, S, S, 3) uint8.
 
-    Scene b of view v composites independent instances of codes code_ids[b, :counts[b]]; all of its
-    randomness (jitter, chaos game, colour, flips, size, placement, blur) comes from seeds[b].
+    Scene b of view v composites instances of codes code_ids[b, :counts[b]]; all of its randomness (jitter,
+    chaos game, colour, flips, size, placement, blur) comes from seeds[b]. With ``prm.shared`` each code is
+    jittered and rendered once per scene and every view places that same grey instance (the official
+    generator's cache); otherwise every view renders its own instance. ``grey`` (V, B, I, R, R) float32, or
+    empty to skip, receives the grade each view placed, at its render side R (for tests).
     """
     n_views, n_scenes, side = out.shape[0], out.shape[1], out.shape[2]
-    work = _scratch(side, prm)
+    work = _scratch(side, max(1, code_ids.shape[1]), prm)
     view = np.empty((side, side, 3), np.float32)
     blur_tmp = np.empty((side + 2) * side * 3 + 6 * side, np.float32)  # radius <= side // 2
     weights = np.empty(side + 1)
     st = np.empty(1, np.uint64)
     for b in range(n_scenes):
         st[0] = seeds[b]
+        if prm.shared:  # one jitter, patch and chaos game per code, drawn before any view
+            for j in range(counts[b]):
+                c = code_ids[b, j]
+                _jitter(j, maps[c], n_maps[c], st, prm, work)
+                _patch_and_seed(j, st, prm, work)
+                if prm.render_full:
+                    _rasterise(j, _render_size(prm, side, side), prm, work)
         for v in range(n_views):
             view[:] = 0.0
             for j in range(counts[b]):
                 c = code_ids[b, j]
-                _draw_instance(view, maps[c], n_maps[c], st, prm, work)
+                if not prm.shared:  # today's draw order: jitter, size, patch, chaos game, colour, placement
+                    _jitter(j, maps[c], n_maps[c], st, prm, work)
+                size = _placed_size(st, prm, side)
+                r = _render_size(prm, side, size)
+                if not prm.shared:
+                    _patch_and_seed(j, st, prm, work)
+                if not (prm.shared and prm.render_full):  # a shared instance replays its points at this size
+                    _rasterise(j, r, prm, work)
+                _keep_grey(grey, v, b, j, r, work)
+                _place(view, j, r, size, st, prm, work)
             if uniform(st, 0.0, 1.0) < prm.blur_p:
                 sigma = uniform(st, prm.blur_lo, prm.blur_hi)
                 radius = prm.blur_radius or min(max(1, int(math.ceil(2.0 * sigma))), side // 2)
@@ -211,15 +275,20 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out):
 
 
 def render_batch(bank: CodeBank, cfg: RenderConfig, code_ids: np.ndarray, counts: np.ndarray,
-                 seeds: np.ndarray, n_views: int) -> np.ndarray:
-    """Render B scenes (codes ``code_ids[b, :counts[b]]`` of ``bank``) as uint8 (n_views, B, S, S, 3)."""
+                 seeds: np.ndarray, n_views: int, grey: np.ndarray | None = None) -> np.ndarray:
+    """Render B scenes (codes ``code_ids[b, :counts[b]]`` of ``bank``) as uint8 (n_views, B, S, S, 3).
+
+    ``grey``: optional float32 (n_views, B, I, R, R), R = min(S, render_cap), filled with the grade each view
+    placed per code before colour, flips and resizing (see :func:`render_scenes`; for tests)."""
     code_ids = np.ascontiguousarray(code_ids, dtype=np.int64)
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     if code_ids.ndim != 2 or counts.shape != (len(code_ids),) or counts.max(initial=0) > code_ids.shape[1]:
         raise ValueError("code_ids must be (B, I) and counts (B,) with counts <= I")
     out = np.empty((n_views, len(code_ids), cfg.size, cfg.size, 3), np.uint8)
+    if grey is None:
+        grey = np.empty((0, 0, 0, 0, 0), np.float32)
     render_scenes(bank.maps, bank.n_maps, code_ids, counts, np.asarray(seeds, np.uint64),
-                  _kernel_params(cfg), out)
+                  _kernel_params(cfg), out, grey)
     return out
 
 

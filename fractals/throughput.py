@@ -4,7 +4,7 @@ What is timed is exactly what pre-training consumes: batches from :class:`Fracta
 rendering, colouring, placement, blur, uint8 conversion and, with ``augs``, the image-level augmentations on
 CPU), after one warm-up batch so that JIT compilation is excluded. One worker means one core: numba and torch
 are both held to one thread. ``ns_per_point`` is the wall time divided by the chaos-game points drawn
-(points per instance x instances), so it includes every other step too.
+(points per instance x chaos games), so it includes every other step too.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def default_batch(size: int) -> int:
 
 
 def measure(bank: CodeBank, size: int, pairs: int, workers: int = 1, augs: bool = False,
-            seed: int = 0, progress: bool = False, look: str = "paper") -> dict:
+            seed: int = 0, progress: bool = False, look: str = "paper", instances: str = "shared") -> dict:
     """Time ``pairs`` FPS pairs at ``size`` px; returns the JSON record of ``fractals bench``."""
-    render = RenderConfig.preset(size, look=look)
+    render = RenderConfig.preset(size, look=look, instances=instances)
     cfg = StreamConfig(kind="fps", batch_size=min(default_batch(size), pairs), pairs_per_epoch=pairs,
                        seed=seed)
     stream = FractalStream(bank, render, cfg, AugmentConfig() if augs else None)
@@ -62,7 +62,10 @@ def measure(bank: CodeBank, size: int, pairs: int, workers: int = 1, augs: bool 
     finally:
         torch.set_num_threads(threads)
         blas.restore_original_limits()
-    points = codes * 2 * render.points_per_instance  # two instances (one per view) of every code
+    # chaos games per code: one shared by both views, else one per view (a shared instance rendered at each
+    # view's size, render_full off, replays its points per view)
+    games = 1 if instances == "shared" and render.render_full else 2
+    points = codes * games * render.points_per_instance
     return {
         "size": size,
         "augs": augs,

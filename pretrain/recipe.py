@@ -41,6 +41,10 @@ class PretrainConfig:
     look: str = setting("paper", "how fractals are rendered: paper (the official generator's: full-canvas "
                                  "render, 3x3 patches, colour then resize, 3x3 blur) or sparse (this "
                                  "project's first renderer)", choices=("paper", "sparse"), group="fractal")
+    instances: str = setting("shared", "shared: each code of a pair rendered once and both views place that "
+                                       "instance (the official generator's cache, issue 23); independent: "
+                                       "each view renders its own", choices=("shared", "independent"),
+                             group="fractal")
     n_classes: int = setting(1000, "J, the number of fractal classes (Anderson & Farrell 2022)",
                              flag="--classes", within="[1, inf)", group="multilabel")
     amp: bool = setting(False, "bf16 autocast (use on a GPU)")

@@ -36,7 +36,8 @@ class FractalSource:
         bank = bank_or_sample(cfg.bank, cfg.seed)
         stream_cfg = StreamConfig(kind=kind, batch_size=cfg.batch_size, pairs_per_epoch=cfg.pairs_per_epoch,
                                   seed=cfg.seed, n_classes=cfg.n_classes)
-        self.stream = FractalStream(bank, RenderConfig.preset(cfg.size, look=cfg.look), stream_cfg)
+        render = RenderConfig.preset(cfg.size, look=cfg.look, instances=cfg.instances)
+        self.stream = FractalStream(bank, render, stream_cfg)
         self.workers, self.pin_memory = workers, pin_memory
         self.n_classes = cfg.n_classes if kind == "multilabel" else None
 

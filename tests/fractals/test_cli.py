@@ -45,7 +45,7 @@ def test_bench_json_has_positive_figures(capsys):
     assert main(["bench", "--size", "32", "--pairs", "300", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(record) == {"size", "augs", "workers", "pairs", "seconds", "pairs_per_s", "ns_per_point",
-                           "look"}
+                           "look", "instances"}
     assert record["pairs"] == 300 and record["size"] == 32 and record["workers"] == 1
     assert record["seconds"] > 0 and record["pairs_per_s"] > 0 and record["ns_per_point"] > 0
 
@@ -53,6 +53,11 @@ def test_bench_json_has_positive_figures(capsys):
 def test_bench_times_the_chosen_look(capsys):
     assert main(["bench", "--size", "32", "--pairs", "64", "--look", "sparse", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip())["look"] == "sparse"
+
+
+def test_bench_times_the_chosen_instances(capsys):
+    assert main(["bench", "--size", "32", "--pairs", "64", "--instances", "independent", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip())["instances"] == "independent"
 
 
 def test_bench_with_augs(capsys):
