@@ -17,7 +17,7 @@ from fpsfl.base.cli import Parser, UsageError, positive, run_main
 from .ifs import PAPER_BANK, BankError, bank_or_sample, sample_codes, save_bank
 from .preview import make_cells, write_grid
 from .scenes import INSTANCES, LOOKS, RenderConfig, fps_pairs
-from .stats import OFFICIAL_32PX, view_stats
+from .stats import COVERED, OFFICIAL_32PX, STATS, view_stats
 from .stream import KINDS
 from .throughput import measure
 
@@ -56,11 +56,12 @@ def cmd_stats(args: argparse.Namespace) -> None:
         record["official_32px"] = OFFICIAL_32PX
     if args.json:
         print(json.dumps(record))
-    else:
-        print(f"{args.look} look, {args.pairs} pairs at {cfg.size} px: non-black {record['coverage']:.2f} ± "
-              f"{record['coverage_std']:.2f}, adjacent colour difference "
-              f"{record['adjacent_difference']:.2f}, covered value {record['covered_value']:.2f}"
-              + (" (official generator: 0.36 ± 0.09, 0.36, 0.37)" if cfg.size == 32 else ""))
+        return
+    print(f"{args.look} look, {args.instances} instances, {args.pairs} pairs at {cfg.size} px "
+          f"(covered: max(R, G, B) > {COVERED}):")
+    for name in STATS:
+        official = f"   official {OFFICIAL_32PX[name]:.3f}" if cfg.size == 32 else ""
+        print(f"  {name:<20} {record[name]:.3f}{official}")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -112,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     _instances_flag(v)
     v.set_defaults(run=cmd_preview)
 
-    t = sub.add_parser("stats", help="coverage, adjacent colour difference and brightness of FPS views, "
-                       "against the official generator's")
+    t = sub.add_parser("stats", help="coverage, adjacent colour difference, mean colour and value of FPS "
+                       "views (no image-level augmentation), against the official generator's")
     t.add_argument("--look", choices=LOOKS, default="paper", help="paper (default) | sparse")
     _instances_flag(t)
     t.add_argument("--size", type=int, default=32, help="image side in px (default 32)")

@@ -125,35 +125,93 @@ def composite(view, gsum, cover, n, oy, ox, dihedral, hue, sat, val, knots):
                     view[y, x, 2] = max(view[y, x, 2], c * (knots[k, 2] + f * knots[k, 5]))
 
 
+@nb.njit(inline="always")
+def _count_colour(count, peak, hue, opencv, knots):
+    """The colour (r, g, b) float32 of a render pixel hit ``count`` times (0: black) by an instance whose
+    densest pixel was hit ``peak`` times, with hue offset ``hue`` in [0, 1) and knots from :func:`hue_knots`.
+
+    opencv: the official generator's 8-bit HSV, H = (255 grade + 255 hue) mod 256 on OpenCV's 0..180 hue
+    scale (1.42 turns), grade = count / peak in float64. Else hue + grade turns with the float32 grade.
+    """
+    if count == 0:
+        return np.float32(0.0), np.float32(0.0), np.float32(0.0)
+    if opencv:
+        h8 = int(count / peak * 255.0 + hue * 255.0) & 255  # the official's uint8 cast wraps mod 256
+        k, f = _hue_segment(h8 / 30.0)  # 180 per turn: 6 segments of 30
+    else:
+        g = np.float32(count) * (np.float32(1.0) / np.float32(peak))
+        k, f = _hue_segment((hue + g) * 6.0)
+    return (np.float32(knots[k, 0] + f * knots[k, 3]), np.float32(knots[k, 1] + f * knots[k, 4]),
+            np.float32(knots[k, 2] + f * knots[k, 5]))
+
+
 @nb.njit(cache=True)
-def colour(graded, mask, r, hue, sat, val, knots, rgb):
-    """The r x r instance in colour, planar rgb (3, r, r): mask * HSV(hue + grade, sat, val), the official
-    generator's order (colour first, then resize). knots: (6, 6) scratch for :func:`hue_knots`."""
+def count_colours(peak, hue, opencv, knots, table):
+    """table[c] = the colour of count c for c in 0..peak (peak < len(table)); see :func:`_count_colour`."""
+    for c in range(peak + 1):
+        table[c, 0], table[c, 1], table[c, 2] = _count_colour(c, peak, hue, opencv, knots)
+
+
+NEAR_BLACK = 0.5 / 255.0  # below this in every channel a pixel is black in uint8: it overwrites nothing
+
+
+@nb.njit(cache=True)
+def place_counts(view, counts, peak, r, n, oy, ox, dihedral, hue, sat, val, opencv, overwrite, knots,
+                 table, i0, i1, frac):
+    """Colour an instance's r x r hit ``counts`` (peak ``peak``), resize the colours bilinearly to n x n,
+    flip them by ``dihedral``, place them at (oy, ox) on ``view`` (S, S, 3) float32 and composite them.
+
+    One pass over the placed n x n instance does what colouring at render resolution, then
+    :func:`resize_bilinear` of each channel, then compositing would (the official generator's order), and
+    gives the same floats: each output pixel takes its four bilinear taps of the counts, skips itself when
+    all four are empty, colours the taps on the fly (by a table of the counts' colours when peak fits in
+    ``table`` (T, 3) float32) and blends them in resize_bilinear's order. ``overwrite``: a non-black pixel
+    replaces the view's (the official); else the per-channel maximum. i0, i1, frac: scratch of >= n.
+    """
+    if peak <= 0:
+        return  # an empty instance (e.g. a patch with no cell set) places nothing
     hue_knots(sat, val, knots)
-    for a in range(r):
-        for b in range(r):
-            c = mask[a, b]
-            if c > 0.0:
-                k, f = _hue_segment((hue + graded[a, b]) * 6.0)
-                for ch in range(3):
-                    rgb[ch, a, b] = c * (knots[k, ch] + f * knots[k, ch + 3])
-            else:
-                for ch in range(3):
-                    rgb[ch, a, b] = 0.0
-
-
-@nb.njit(cache=True)
-def composite_rgb(view, rgb, n, oy, ox, dihedral):
-    """Max-composite a coloured planar (3, n, n) instance onto ``view`` (S, S, 3), flipped by ``dihedral``
-    and placed at (oy, ox) as :func:`composite` does; black pixels are skipped."""
+    tabled = peak < table.shape[0]
+    if tabled:
+        count_colours(peak, hue, opencv, knots, table)
+    _lerp_taps(n, r, i0, i1, frac)
     s_view = view.shape[0]
+    one = np.float32(1.0)
     for a in range(n):
+        fa = np.float32(frac[a])
+        ga = one - fa
+        row0, row1 = counts[i0[a]], counts[i1[a]]
         for b in range(n):
-            if rgb[0, a, b] > 0.0 or rgb[1, a, b] > 0.0 or rgb[2, a, b] > 0.0:
-                y, x = _placed(a, b, n, oy, ox, dihedral)
-                if 0 <= y < s_view and 0 <= x < s_view:
-                    for ch in range(3):
-                        view[y, x, ch] = max(view[y, x, ch], rgb[ch, a, b])
+            y, x = _placed(a, b, n, oy, ox, dihedral)
+            if not (0 <= y < s_view and 0 <= x < s_view):
+                continue
+            c0, c1 = i0[b], i1[b]
+            n00, n01, n10, n11 = row0[c0], row0[c1], row1[c0], row1[c1]
+            if n00 == 0 and n01 == 0 and n10 == 0 and n11 == 0:
+                continue
+            fb = np.float32(frac[b])
+            gb = one - fb
+            if tabled:
+                r00, g00, b00 = table[n00, 0], table[n00, 1], table[n00, 2]
+                r01, g01, b01 = table[n01, 0], table[n01, 1], table[n01, 2]
+                r10, g10, b10 = table[n10, 0], table[n10, 1], table[n10, 2]
+                r11, g11, b11 = table[n11, 0], table[n11, 1], table[n11, 2]
+            else:
+                r00, g00, b00 = _count_colour(n00, peak, hue, opencv, knots)
+                r01, g01, b01 = _count_colour(n01, peak, hue, opencv, knots)
+                r10, g10, b10 = _count_colour(n10, peak, hue, opencv, knots)
+                r11, g11, b11 = _count_colour(n11, peak, hue, opencv, knots)
+            # resize_bilinear's order: blend along the row first (both rows), then between the rows
+            rr = (r00 * gb + r01 * fb) * ga + (r10 * gb + r11 * fb) * fa
+            gg = (g00 * gb + g01 * fb) * ga + (g10 * gb + g11 * fb) * fa
+            bb = (b00 * gb + b01 * fb) * ga + (b10 * gb + b11 * fb) * fa
+            if overwrite:
+                if max(rr, gg, bb) >= NEAR_BLACK:
+                    view[y, x, 0], view[y, x, 1], view[y, x, 2] = rr, gg, bb
+            else:
+                view[y, x, 0] = max(view[y, x, 0], rr)
+                view[y, x, 1] = max(view[y, x, 1], gg)
+                view[y, x, 2] = max(view[y, x, 2], bb)
 
 
 @nb.njit(cache=True)

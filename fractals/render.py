@@ -7,7 +7,8 @@ off-canvas) and composited on black; each view is then blurred with p = 0.5.
 Speed comes from three choices (see README, Performance):
 - The chaos game is fused with rasterisation, so no coordinate array exists. The view region must fit the
   points' bounding box, so each instance runs the game twice from the same RNG state: a cheap pass that
-  only tracks the box, then one that rasterises.
+  only tracks the box, then one that rasterises. The 3x3 patch is then gathered, not scattered, into the
+  counts that the colouring pass reads, with the peak count found on the way.
 - Map choice is branch-free: one 64-bit draw gives 8 bytes, each indexing a 256-entry lookup table built
   from the map probabilities (so probabilities are quantised to 1/256).
 - CHAINS independent chains are advanced together, which hides the latency of the serial affine update.
@@ -75,8 +76,9 @@ def spectral_norm(m):
 
 
 @nb.njit(cache=True)
-def jitter_code(maps, n_maps, st, lo, hi, tries, out, probs):
-    """Copy ``maps`` (4, 6) into ``out`` with one random map's linear part scaled by U(lo, hi).
+def jitter_code(maps, n_maps, st, lo, hi, tries, translation, out, probs):
+    """Copy ``maps`` (4, 6) into ``out`` with one random map scaled by U(lo, hi): its linear part, and with
+    ``translation`` its translation too (the official generator scales the whole 2x3 map).
 
     A draw that pushes a singular value above 1 is rejected; after ``tries`` rejections the code is used
     unjittered. Probabilities are recomputed as |det A_k| / sum |det A_j| (p_k proportional to |det A_k|).
@@ -86,7 +88,7 @@ def jitter_code(maps, n_maps, st, lo, hi, tries, out, probs):
         k = min(int(uniform(st, 0.0, n_maps)), n_maps - 1)
         f = uniform(st, lo, hi)
         if spectral_norm(maps[k]) * f <= 1.0:
-            for j in range(4):
+            for j in range(6 if translation else 4):
                 out[k, j] = maps[k, j] * f
             break
     total = 0.0
@@ -156,28 +158,34 @@ def chaos_bbox(maps, lut, starts, n_steps, seed):
 
 
 @nb.njit(inline="always")
-def _raster_frame(bbox, res):
-    """(cx, cy, scale) such that pixel = int(p * scale + c) lies in [0, res - 1] for p in the box.
+def _raster_frame(bbox, res, stretch):
+    """(cx, cy, sx, sy) such that pixel = int(p * s + c) lies in [0, res - 1] for p in the box.
 
-    The scale is isotropic, so the box's longer side spans res pixels and the shorter side is centred.
+    ``stretch``: each side of the box spans the canvas on its own (the official generator's anisotropic fit,
+    coordinates floored). Otherwise the scale is isotropic, the box's longer side spans res pixels, the
+    shorter side is centred and coordinates are rounded.
     """
     x0, x1, y0, y1 = bbox
+    if stretch:  # a flat box (one point wide) gets a span of 1, as the official's _extent
+        sx = (res - 1) / (x1 - x0 if x1 > x0 else 1.0)
+        sy = (res - 1) / (y1 - y0 if y1 > y0 else 1.0)
+        return -x0 * sx, -y0 * sy, sx, sy
     span = max(x1 - x0, y1 - y0, 1e-12)
     scale = (res - 1) / span
     ox, oy = x0 - 0.5 * (span - (x1 - x0)), y0 - 0.5 * (span - (y1 - y0))
-    return 0.5 - ox * scale, 0.5 - oy * scale, scale
+    return 0.5 - ox * scale, 0.5 - oy * scale, scale, scale
 
 
 @nb.njit(inline="always")
-def _pixel(x, y, cx, cy, scale, w):
+def _pixel(x, y, cx, cy, sx, sy, w):
     # Flat offset of the point's pixel from the canvas's first interior pixel (row stride w).
-    return int(y * scale + cy) * w + int(x * scale + cx)
+    return int(y * sy + cy) * w + int(x * sx + cx)
 
 
 @nb.njit(cache=True)
-def chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, canvas):
+def chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, stretch, canvas):
     """Replay the chains of :func:`chaos_bbox` and add 1 per point to the int32 ``canvas`` (res+2, res+2)."""
-    cx_, cy_, scale = _raster_frame(bbox, res)
+    cx_, cy_, sx, sy = _raster_frame(bbox, res, stretch)
     w = res + 2
     inner = canvas.reshape(-1)[w + 1:]
     st = np.full(1, seed, np.uint64)
@@ -188,54 +196,63 @@ def chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, canvas):
         z = next_u64(st) if i % 2 == 0 else z >> np.uint64(32)
         ax, ay, bx, by, cx, cy, dx, dy = _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy)
         # Unsigned indices spare numba its negative-index wraparound check (they are >= 0 by construction).
-        inner[np.uint64(_pixel(ax, ay, cx_, cy_, scale, w))] += 1
-        inner[np.uint64(_pixel(bx, by, cx_, cy_, scale, w))] += 1
-        inner[np.uint64(_pixel(cx, cy, cx_, cy_, scale, w))] += 1
-        inner[np.uint64(_pixel(dx, dy, cx_, cy_, scale, w))] += 1
+        inner[np.uint64(_pixel(ax, ay, cx_, cy_, sx, sy, w))] += 1
+        inner[np.uint64(_pixel(bx, by, cx_, cy_, sx, sy, w))] += 1
+        inner[np.uint64(_pixel(cx, cy, cx_, cy_, sx, sy, w))] += 1
+        inner[np.uint64(_pixel(dx, dy, cx_, cy_, sx, sy, w))] += 1
 
 
 @nb.njit(cache=True)
-def splat_patch(canvas, res, patch):
-    """Turn single-pixel hits into 3x3 patch splats (Anderson & Farrell 2022) in place.
+def splat_gather(hits, res, patch, counts):
+    """counts[y, x] = the hits under the set cells of the 3x3 ``patch`` centred on (y, x), for the res x res
+    interior of the padded ``hits`` (res + 2, res + 2); returns the peak count.
 
-    Adding 1 at every set cell of ``patch`` around each point equals summing copies of the hit canvas
-    shifted by those cells, which costs res^2 * 9 instead of points * 9; spill lands in the border ring.
+    Every point stamping the patch (Anderson & Farrell 2022) equals each cell gathering its patch-shaped
+    neighbourhood of hits, so every count is written once (``counts`` needs no zeroing) and the peak comes
+    with it. Stamps that would fall off the canvas are dropped, as in the official generator.
     """
-    hits = canvas.copy()
-    canvas[:] = 0
-    for q in range(9):
+    w = res + 2
+    flat = hits.reshape(-1)
+    offs = np.empty(9, np.int64)
+    n = 0
+    for q in range(9):  # cell (dy, dx) of a point at p reaches p + (dy, dx): gather from -(dy, dx)
         if patch[q // 3, q % 3]:
-            dy, dx = q // 3 - 1, q % 3 - 1
-            for y in range(1, res + 1):
-                for x in range(1, res + 1):
-                    canvas[y + dy, x + dx] += hits[y, x]
-
-
-@nb.njit(cache=True)
-def chaos_game(maps, lut, starts, n_steps, seed, res, canvas, patch):
-    """Render one instance: the bounding-box pass, then rasterisation into the zeroed int32 canvas
-    (res + 2, res + 2), then the optional 3x3 ``patch`` splat (patch[1, 1] alone: plain pixels).
-    Returns the points' bounding box (x0, x1, y0, y1)."""
-    bbox = chaos_bbox(maps, lut, starts, n_steps, seed)
-    if not (np.isfinite(bbox[0]) and np.isfinite(bbox[1]) and np.isfinite(bbox[2]) and np.isfinite(bbox[3])):
-        return bbox  # a diverging code (not from our sampler) renders empty rather than writing out of bounds
-    chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, canvas)
-    if not (patch.sum() == 1 and patch[1, 1]):
-        splat_patch(canvas, res, patch)
-    return bbox
-
-
-@nb.njit(cache=True)
-def grade(canvas, res, graded, mask):
-    """Crop the padded hit counts to res x res: ``graded`` = counts / max count (the graded canvas),
-    ``mask`` = 1 where hit."""
+            offs[n] = (1 - (q // 3 - 1)) * w + (1 - (q % 3 - 1))
+            n += 1
     peak = 0
     for y in range(res):
+        row = counts[y]
         for x in range(res):
-            peak = max(peak, canvas[y + 1, x + 1])
+            base = y * w + x
+            v = 0
+            for t in range(n):
+                v += flat[np.uint64(base + offs[t])]
+            row[x] = v
+            peak = max(peak, v)
+    return peak
+
+
+@nb.njit(cache=True)
+def chaos_game(maps, lut, starts, n_steps, seed, res, stretch, hits, patch, counts):
+    """Render one instance into ``counts`` (res, res) int32: the bounding-box pass, rasterisation into the
+    scratch ``hits`` (>= (res + 2)^2 int32, zeroed here), then the 3x3 ``patch`` stamped at every point
+    (patch[1, 1] alone: plain pixels; no cell set: nothing). Returns the peak count (0: empty)."""
+    bbox = chaos_bbox(maps, lut, starts, n_steps, seed)
+    canvas = hits[: (res + 2) * (res + 2)].reshape(res + 2, res + 2)
+    if not (np.isfinite(bbox[0]) and np.isfinite(bbox[1]) and np.isfinite(bbox[2]) and np.isfinite(bbox[3])):
+        counts[:res, :res] = 0  # a diverging code (not from our sampler) renders empty, not out of bounds
+        return 0
+    canvas[:] = 0
+    chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, stretch, canvas)
+    return splat_gather(canvas, res, patch, counts)
+
+
+@nb.njit(cache=True)
+def grade(counts, peak, res, graded, mask):
+    """``graded`` = counts / peak (the graded canvas) and ``mask`` = 1 where hit, over res x res."""
     inv = np.float32(1.0) / np.float32(peak) if peak > 0 else np.float32(0.0)
     for y in range(res):
         for x in range(res):
-            v = canvas[y + 1, x + 1]
+            v = counts[y, x]
             graded[y, x] = np.float32(v) * inv
             mask[y, x] = 1.0 if v > 0 else 0.0

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import numba as nb
 import numpy as np
 
-from .compose import colour, composite, composite_rgb, gaussian_blur, resize_bilinear, to_uint8
+from .compose import composite, gaussian_blur, place_counts, resize_bilinear, to_uint8
 from .ifs import MAX_MAPS, CodeBank
 from .render import (
     CHAINS,
@@ -39,6 +39,12 @@ from .render import (
 
 LOOKS = ("paper", "sparse")  # see RenderConfig.preset
 INSTANCES = ("shared", "independent")  # see RenderConfig.instances
+FITS = ("stretch", "aspect")
+HSVS = ("opencv", "float")
+# How the first renderers departed from the official generator in detail (issue 23, item 3); the sparse
+# look keeps them
+SPARSE_RESIDUALS = dict(jitter_tries=5, jitter_translation=False, fit="aspect", patch_centre=True,
+                        hsv="float", overwrite=False, floor_placement=False)
 ALL = slice(None)  # every row of a batch
 
 
@@ -53,8 +59,11 @@ class RenderConfig:
     codes_per_image: tuple[int, int] = (2, 2)  # I ~ U{lo..hi} distinct codes (A.1.2: I = 2 at 32 px)
     scale: tuple[float, float] = (0.45, 0.75)  # instance side / view side, uniform (A.1.2)
     off_canvas: float = 0.25  # fraction of an instance's side allowed outside the view (A.1.2)
-    jitter: tuple[float, float] = (0.8, 1.1)  # factor on one random map's linear part (A.1.2)
-    jitter_tries: int = 5  # rejected draws (singular value > 1) before rendering unjittered
+    jitter: tuple[float, float] = (0.8, 1.1)  # factor on one random map (A.1.2; official _basic_jitter)
+    jitter_tries: int = 4  # draws (a singular value > 1 rejects one) before rendering unjittered (official)
+    jitter_translation: bool = True  # the factor scales the map's translation too (official: the 2x3 map)
+    fit: str = "stretch"  # stretch: each side of the points' box spans the render (official); aspect: kept
+    patch_centre: bool = False  # force the patch's centre cell on; official: it is one of 9 random cells
     saturation: tuple[float, float] = (0.3, 1.0)  # HSV saturation, uniform (A.1.2)
     value: tuple[float, float] = (0.5, 1.0)  # HSV value, uniform (A.1.2)
     flips: bool = True  # random flips / transpose of each instance (the 8 dihedral symmetries)
@@ -64,6 +73,11 @@ class RenderConfig:
     blur_radius: int = 1  # px: a 3x3 kernel, as the official generator; 0: ceil(2 sigma)
     render_full: bool = True  # render each instance at the view's side, then resize it to its placed size
     colour_first: bool = True  # colour at render resolution, then resize the colours (else resize, colour)
+    # opencv: the official's 8-bit HSV, hue (255 grade + U[0, 255)) mod 256 on a 0..180 scale (1.42 turns),
+    # S and V floored to 1/255; float: hue U[0, 1) + grade turns (colour_first only for opencv)
+    hsv: str = "opencv"
+    overwrite: bool = True  # a non-black instance pixel replaces the view's (official); else channel max
+    floor_placement: bool = True  # side int(f S), top-left in [-s//4, S - s + s//4) (official); else rounded
     # shared: each code of a scene is jittered and rendered once and every view places that grey instance,
     # as the official generator's per-class cache does; independent: each view renders its own instance
     instances: str = "shared"
@@ -89,7 +103,8 @@ class RenderConfig:
             base = cls(size=size, points=100_000, codes_per_image=(2, 5))
         if look == "sparse":
             base = cls(**{**asdict(base), "patch_p": 0.0, "blur_radius": 0, "render_full": False,
-                          "colour_first": False, "blur_sigma": (0.1, 1.0) if size <= 32 else (0.1, 2.0)})
+                          "colour_first": False, "blur_sigma": (0.1, 1.0) if size <= 32 else (0.1, 2.0),
+                          **SPARSE_RESIDUALS})
         return cls(**{**asdict(base), **overrides})
 
     def __post_init__(self) -> None:
@@ -104,6 +119,11 @@ class RenderConfig:
             "probabilities must lie in [0, 1]": 0 <= self.patch_p <= 1 and 0 <= self.blur_p <= 1,
             "blur_radius must be >= 0": self.blur_radius >= 0,
             f"instances must be one of {', '.join(INSTANCES)}": self.instances in INSTANCES,
+            f"fit must be one of {', '.join(FITS)}": self.fit in FITS,
+            f"hsv must be one of {', '.join(HSVS)}": self.hsv in HSVS,
+            "colouring after the resize (colour_first off) takes hsv float without overwrite":
+                self.colour_first or (self.hsv == "float" and not self.overwrite),
+            "jitter_tries must be >= 0": self.jitter_tries >= 0,
         }
         for message, ok in checks.items():
             if not ok:
@@ -117,98 +137,115 @@ class RenderConfig:
 
 _KernelParams = namedtuple(
     "_KernelParams",
-    "n_steps render_cap scale_lo scale_hi off_canvas jit_lo jit_hi jit_tries sat_lo sat_hi "
-    "val_lo val_hi flips patch_p blur_p blur_lo blur_hi blur_radius render_full colour_first shared",
+    "n_steps render_cap scale_lo scale_hi off_canvas jit_lo jit_hi jit_tries jit_translation stretch "
+    "patch_centre sat_lo sat_hi val_lo val_hi flips patch_p blur_p blur_lo blur_hi blur_radius render_full "
+    "colour_first opencv overwrite floor_placement shared",
 )
 
 
 def _kernel_params(cfg: RenderConfig) -> _KernelParams:
     return _KernelParams(
         cfg.points_per_instance // CHAINS, min(cfg.render_cap, cfg.size), *map(float, cfg.scale),
-        float(cfg.off_canvas), *map(float, cfg.jitter), cfg.jitter_tries, *map(float, cfg.saturation),
-        *map(float, cfg.value), cfg.flips, float(cfg.patch_p), float(cfg.blur_p), *map(float, cfg.blur_sigma),
-        cfg.blur_radius, cfg.render_full, cfg.colour_first, cfg.instances == "shared",
+        float(cfg.off_canvas), *map(float, cfg.jitter), cfg.jitter_tries, cfg.jitter_translation,
+        cfg.fit == "stretch", cfg.patch_centre, *map(float, cfg.saturation), *map(float, cfg.value),
+        cfg.flips, float(cfg.patch_p), float(cfg.blur_p), *map(float, cfg.blur_sigma), cfg.blur_radius,
+        cfg.render_full, cfg.colour_first, cfg.hsv == "opencv", cfg.overwrite, cfg.floor_placement,
+        cfg.instances == "shared",
     )
+
+
+COLOUR_TABLE = 1024  # counts up to this many hits are coloured by table (about 100 at 32 px)
 
 
 @nb.njit(cache=True)
 def _scratch(side, n_codes, prm):
     """Work buffers reused by every instance of a batch (allocation per instance would dominate at 32 px);
-    the jittered codes, patches and renders are kept per code of a scene (n_codes), for shared instances."""
+    the jittered codes, patches and hit counts are kept per code of a scene (n_codes), for shared
+    instances."""
     cap = prm.render_cap
     big = max(1, int(prm.scale_hi * side + 0.5))  # largest instance side
     return (
-        np.empty((cap + 2) * (cap + 2), np.int32),  # 0: hit counts, padded
-        np.empty((n_codes, cap, cap), np.float32),  # 1: grade per code
-        np.empty((n_codes, cap, cap), np.float32),  # 2: hit mask per code
-        np.empty((big, big), np.float32), np.empty((big, big), np.float32),  # 3, 4: the same, resized
-        np.empty((cap, big), np.float32),  # 5: resize rows
-        np.empty(max(cap, big), np.int64), np.empty(max(cap, big), np.int64), np.empty(max(cap, big)),  # 6-8
-        np.empty((n_codes, MAX_MAPS, 6)), np.empty(MAX_MAPS), np.empty((n_codes, LUT_SIZE), np.uint8),  # 9-11
-        np.empty((n_codes, CHAINS, 2)), np.zeros((n_codes, 3, 3), np.bool_), np.empty((6, 6)),  # 12-14
-        np.empty((3, cap, cap), np.float32), np.empty((3, big, big), np.float32),  # 15, 16: colours, resized
-        np.empty(n_codes, np.uint64),  # 17: chaos-game seeds
+        np.empty((cap + 2) * (cap + 2), np.int32),  # 0: single hits, padded
+        np.empty((n_codes, cap, cap), np.int32), np.empty(n_codes, np.int64),  # 1, 2: counts, peak per code
+        np.empty((cap, cap), np.float32), np.empty((cap, cap), np.float32),  # 3, 4: grade and hit mask
+        np.empty((big, big), np.float32), np.empty((big, big), np.float32),  # 5, 6: the same, resized
+        np.empty((cap, big), np.float32),  # 7: resize rows
+        np.empty(max(cap, big), np.int64), np.empty(max(cap, big), np.int64), np.empty(max(cap, big)),  # 8-10
+        np.empty((n_codes, MAX_MAPS, 6)), np.empty(MAX_MAPS),  # 11, 12: jittered code, its probabilities
+        np.empty((n_codes, LUT_SIZE), np.uint8),  # 13: map-choice table
+        np.empty((n_codes, CHAINS, 2)), np.zeros((n_codes, 3, 3), np.bool_), np.empty((6, 6)),  # 14-16
+        np.empty((COLOUR_TABLE, 3), np.float32), np.empty(n_codes, np.uint64),  # 17, 18: colours, game seeds
     )
 
 
 @nb.njit(cache=True)
 def _jitter(j, code, n_maps, st, prm, work):
-    """Instance j's jittered code, its map-choice table and its chain starts (work[9, 11, 12][j])."""
-    m, probs, lut, starts = work[9][j], work[10], work[11][j], work[12][j]
-    jitter_code(code, n_maps, st, prm.jit_lo, prm.jit_hi, prm.jit_tries, m, probs)
+    """Instance j's jittered code, its map-choice table and its chain starts (work[11, 13, 14][j])."""
+    m, probs, lut, starts = work[11][j], work[12], work[13][j], work[14][j]
+    jitter_code(code, n_maps, st, prm.jit_lo, prm.jit_hi, prm.jit_tries, prm.jit_translation, m, probs)
     build_lut(probs, lut)
     chain_starts(m, n_maps, starts)
 
 
 @nb.njit(cache=True)
 def _placed_size(st, prm, side):
-    return max(1, int(uniform(st, prm.scale_lo, prm.scale_hi) * side + 0.5))
+    f = uniform(st, prm.scale_lo, prm.scale_hi)
+    return max(1, int(f * side)) if prm.floor_placement else max(1, int(f * side + 0.5))
+
+
+@nb.njit(cache=True)
+def _top_left(st, prm, side, size):
+    """Top-left corner (oy, ox) of a placed instance of side ``size``, keeping >= 1 - off_canvas of each of
+    its sides on the view: [-off, side - size + off), the official's open right bound, or closed."""
+    off = int(prm.off_canvas * size)
+    # (at least one position: a view-filling instance, as a single-fractal image, sits at (0, 0))
+    span = max(1, side - size + 2 * off + (0 if prm.floor_placement else 1))
+    oy = -off + min(int(uniform(st, 0.0, span)), span - 1)
+    ox = -off + min(int(uniform(st, 0.0, span)), span - 1)
+    return oy, ox
 
 
 @nb.njit(cache=True)
 def _patch_and_seed(j, st, prm, work):
-    """Instance j's 3x3 patch (work[13][j]) and chaos-game seed (work[17][j])."""
-    patch = work[13][j]
+    """Instance j's 3x3 patch (work[15][j]) and chaos-game seed (work[18][j])."""
+    patch = work[15][j]
     patch[:] = False
-    if uniform(st, 0.0, 1.0) < prm.patch_p:
+    drawn = uniform(st, 0.0, 1.0) < prm.patch_p
+    if drawn:
         bits = next_u64(st)
         for q in range(9):
             patch[q // 3, q % 3] = ((bits >> np.uint64(q)) & np.uint64(1)) != 0
-    patch[1, 1] = True
-    work[17][j] = next_u64(st)
+    if prm.patch_centre or not drawn:  # no patch: each point is its own pixel
+        patch[1, 1] = True
+    work[18][j] = next_u64(st)
 
 
 @nb.njit(cache=True)
 def _rasterise(j, r, prm, work):
-    """Render instance j at r x r px: chaos game, patch splat, then grade and hit mask into work[1, 2][j]."""
-    counts_buf = work[0]
-    canvas = counts_buf[: (r + 2) * (r + 2)].reshape(r + 2, r + 2)
-    canvas[:] = 0
-    chaos_game(work[9][j], work[11][j], work[12][j], prm.n_steps, work[17][j], r, canvas, work[13][j])
-    grade(canvas, r, work[1][j], work[2][j])
+    """Render instance j at r x r px: chaos game and patch into its hit counts work[1][j], peak work[2][j]."""
+    work[2][j] = chaos_game(work[11][j], work[13][j], work[14][j], prm.n_steps, work[18][j], r, prm.stretch,
+                            work[0], work[15][j], work[1][j])
 
 
 @nb.njit(cache=True)
 def _place(view, j, r, size, st, prm, work):
     """Colour, flip, resize to ``size`` and place instance j's r x r render (work[1, 2][j]) onto ``view``."""
-    graded, mask, big_g, big_c, rows, i0, i1, frac = work[1][j], work[2][j], *work[3:9]
-    knots, rgb, big_rgb = work[14], work[15], work[16]
+    counts, peak = work[1][j], work[2][j]
+    graded, mask, big_g, big_c, rows, i0, i1, frac = work[3:11]
+    knots, table = work[16], work[17]
     side = view.shape[0]
     hue = uniform(st, 0.0, 1.0)
     sat = uniform(st, prm.sat_lo, prm.sat_hi)
     val = uniform(st, prm.val_lo, prm.val_hi)
+    if prm.opencv:  # 8-bit S and V, as the official's np.uint8(U * 255)
+        sat, val = math.floor(sat * 255.0) / 255.0, math.floor(val * 255.0) / 255.0
     dihedral = np.int64(next_u64(st) & np.uint64(7)) if prm.flips else np.int64(0)
-    off = int(prm.off_canvas * size)
-    span = side - size + 2 * off + 1  # top-left positions keeping >= (1 - off_canvas) of each side inside
-    oy = -off + min(int(uniform(st, 0.0, span)), span - 1)
-    ox = -off + min(int(uniform(st, 0.0, span)), span - 1)
-    if prm.colour_first:  # the official order: colour at render resolution, then resize the colours
-        colour(graded, mask, r, hue, sat, val, knots, rgb)
-        if r != size:
-            for ch in range(3):
-                resize_bilinear(rgb[ch], r, size, big_rgb[ch], rows, i0, i1, frac)
-        composite_rgb(view, big_rgb if r != size else rgb, size, oy, ox, dihedral)
+    oy, ox = _top_left(st, prm, side, size)
+    if prm.colour_first:  # the official order: colour at render resolution, resize the colours, composite
+        place_counts(view, counts, peak, r, size, oy, ox, dihedral, hue, sat, val, prm.opencv, prm.overwrite,
+                     knots, table, i0, i1, frac)
         return
+    grade(counts, peak, r, graded, mask)
     if r != size:  # rendered at another size: resize grade and mask together
         resize_bilinear(graded, r, size, big_g, rows, i0, i1, frac)
         resize_bilinear(mask, r, size, big_c, rows, i0, i1, frac)
@@ -223,9 +260,11 @@ def _render_size(prm, side, size):
 
 @nb.njit(cache=True)
 def _keep_grey(grey, v, b, j, r, work):
-    # Debug output for tests: the grey render (grade) that view v of scene b placed for code j.
-    if grey.shape[0] > 0:
-        grey[v, b, j, :r, :r] = work[1][j, :r, :r]
+    # Debug output for tests: the grey render (counts / peak) that view v of scene b placed for code j.
+    if grey.shape[0] > 0 and work[2][j] > 0:
+        for y in range(r):
+            for x in range(r):
+                grey[v, b, j, y, x] = work[1][j, y, x] / work[2][j]
 
 
 @nb.njit(cache=True, nogil=True)
@@ -257,7 +296,7 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out, grey):
             view[:] = 0.0
             for j in range(counts[b]):
                 c = code_ids[b, j]
-                if not prm.shared:  # today's draw order: jitter, size, patch, chaos game, colour, placement
+                if not prm.shared:  # the draw order of independent instances: jitter, size, patch, game, ...
                     _jitter(j, maps[c], n_maps[c], st, prm, work)
                 size = _placed_size(st, prm, side)
                 r = _render_size(prm, side, size)

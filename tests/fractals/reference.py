@@ -19,21 +19,74 @@ def chaos_points(maps: np.ndarray, starts: np.ndarray, choices: np.ndarray) -> n
     return np.concatenate(points)
 
 
-def chaos_canvas(maps, starts, choices, res, patch) -> tuple[np.ndarray, tuple]:
-    """Reference rasterisation: hit counts on a (res + 2)^2 canvas and the bounding box."""
+def chaos_canvas(maps, starts, choices, res, patch, stretch=False) -> tuple[np.ndarray, tuple]:
+    """Reference rasterisation: hit counts (res, res) of every point stamping the set cells of ``patch``
+    (stamps off the canvas dropped) and the bounding box. ``stretch``: each side of the box spans the canvas
+    and coordinates are floored (the official generator); else the longer side does, the shorter is centred,
+    and coordinates are rounded."""
     pts = chaos_points(maps, starts, choices)
     x0, y0 = pts.min(0)
     x1, y1 = pts.max(0)
-    span = max(x1 - x0, y1 - y0, 1e-12)
-    scale = (res - 1) / span
-    ox, oy = x0 - 0.5 * (span - (x1 - x0)), y0 - 0.5 * (span - (y1 - y0))
-    # pixel = round((p - origin) * scale), computed as p * scale + (0.5 - origin * scale) like the kernel
-    px = (pts[:, 0] * scale + (0.5 - ox * scale)).astype(np.int64) + 1
-    py = (pts[:, 1] * scale + (0.5 - oy * scale)).astype(np.int64) + 1
+    if stretch:
+        sx = (res - 1) / (x1 - x0 if x1 > x0 else 1.0)
+        sy = (res - 1) / (y1 - y0 if y1 > y0 else 1.0)
+        cx, cy = -x0 * sx, -y0 * sy  # pixel = floor((p - p0) * s), computed as p * s - p0 * s like the kernel
+    else:
+        span = max(x1 - x0, y1 - y0, 1e-12)
+        sx = sy = (res - 1) / span
+        ox, oy = x0 - 0.5 * (span - (x1 - x0)), y0 - 0.5 * (span - (y1 - y0))
+        cx, cy = 0.5 - ox * sx, 0.5 - oy * sy  # pixel = round((p - origin) * scale)
+    px = (pts[:, 0] * sx + cx).astype(np.int64)
+    py = (pts[:, 1] * sy + cy).astype(np.int64)
     canvas = np.zeros((res + 2, res + 2), np.int32)
     for dy, dx in zip(*np.nonzero(patch), strict=True):
-        np.add.at(canvas, (py + dy - 1, px + dx - 1), 1.0)
-    return canvas, (x0, x1, y0, y1)
+        np.add.at(canvas, (py + dy, px + dx), 1)
+    return canvas[1:-1, 1:-1], (x0, x1, y0, y1)
+
+
+def count_colours(counts, peak, hue, sat, val, opencv) -> np.ndarray:
+    """Colours (r, r, 3) float32 of hit counts: black where 0, else HSV of the grade count / peak.
+
+    opencv: the official generator's 8-bit HSV, H = floor(255 grade + 255 hue) mod 256 on OpenCV's
+    0..180 hue scale; else hue + grade turns with the grade in float32."""
+    if opencv:
+        h = np.floor(counts / peak * 255.0 + hue * 255.0) % 256 / 180.0
+    else:
+        h = hue + counts.astype(np.float32) * (np.float32(1.0) / np.float32(peak))
+    hsv = np.stack([np.mod(h, 1.0), np.full(counts.shape, sat), np.full(counts.shape, val)], -1)
+    return np.where((counts > 0)[..., None], hsv_to_rgb(hsv), 0.0).astype(np.float32)
+
+
+def resize_bilinear(img: np.ndarray, n: int) -> np.ndarray:
+    """Bilinear resize (align_corners=False, edge-clamped) of (r, r, C) float32 to (n, n, C): rows, then
+    columns, in float32."""
+    r = img.shape[0]
+    s = np.maximum((np.arange(n) + 0.5) * (r / n) - 0.5, 0.0)
+    i0 = np.minimum(s.astype(np.int64), r - 1)
+    i1 = np.minimum(i0 + 1, r - 1)
+    f = (s - i0).astype(np.float32)[:, None]
+    g = np.float32(1.0) - f
+    rows = img[:, i0] * g[None] + img[:, i1] * f[None]  # (r, n, C)
+    return rows[i0] * g[:, None] + rows[i1] * f[:, None]
+
+
+def place(view, rgb, oy, ox, code, overwrite) -> np.ndarray:
+    """Flip the n x n colours ``rgb`` by dihedral ``code``, place them at (oy, ox) and composite them onto a
+    copy of ``view``: a pixel that is not black in uint8 replaces the view's (overwrite), or the maximum."""
+    out = view.copy()
+    n = rgb.shape[0]
+    for a in range(n):
+        for b in range(n):
+            p, q = dihedral(a, b, n, code)
+            y, x = p + oy, q + ox
+            if not (0 <= y < out.shape[0] and 0 <= x < out.shape[1]):
+                continue
+            if overwrite:
+                if rgb[a, b].max() * 255.0 >= 0.5:
+                    out[y, x] = rgb[a, b]
+            else:
+                out[y, x] = np.maximum(out[y, x], rgb[a, b])
+    return out
 
 
 def dihedral(a: np.ndarray, b: np.ndarray, n: int, code: int):

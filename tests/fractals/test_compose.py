@@ -96,30 +96,55 @@ def test_to_uint8_rounds_and_saturates():
     assert out.tolist() == [[[0, 0, 128], [255, 255, 51]]]
 
 
-def test_colour_first_matches_hsv_of_the_grade():
-    """The official order: each hit pixel coloured HSV(hue + count / max, s, v), black elsewhere."""
-    rng = np.random.default_rng(3)
-    r = 17
-    graded = rng.uniform(size=(r + 3, r + 3)).astype(np.float32)
-    mask = (rng.uniform(size=(r + 3, r + 3)) < 0.4).astype(np.float32)
-    rgb = np.full((3, r + 3, r + 3), -1, np.float32)
-    C.colour(graded, mask, r, 0.8, 0.6, 0.9, np.empty((6, 6)), rgb)
-    want = hsv_to_rgb(np.stack([np.mod(0.8 + graded[:r, :r], 1.0), np.full((r, r), 0.6),
-                                np.full((r, r), 0.9)], -1)) * mask[:r, :r, None]
-    np.testing.assert_allclose(rgb[:, :r, :r].transpose(1, 2, 0), want, atol=1e-6)
+def _counts(r, seed, peak=40):
+    rng = np.random.default_rng(seed)
+    counts = (rng.integers(1, peak + 1, (r, r)) * (rng.uniform(size=(r, r)) < 0.35)).astype(np.int32)
+    counts[rng.integers(r), rng.integers(r)] = peak
+    return counts
 
 
-@pytest.mark.parametrize(("code", "oy", "ox"), [(0, 3, 4), (5, -2, 20), (7, 10, -3)])
-def test_composite_rgb_places_flips_and_maxes(code, oy, ox):
-    rng = np.random.default_rng(code)
-    n, side = 9, 24
-    rgb = (rng.uniform(size=(3, n, n)) * (rng.uniform(size=(1, n, n)) < 0.5)).astype(np.float32)
-    view = rng.uniform(0, 0.5, size=(side, side, 3)).astype(np.float32)
-    want = view.copy()
-    for a, b in zip(*np.nonzero(rgb.max(0) > 0), strict=True):
-        p, q = ref.dihedral(a, b, n, code)
-        y, x = p + oy, q + ox
-        if 0 <= y < side and 0 <= x < side:
-            want[y, x] = np.maximum(want[y, x], rgb[:, a, b])
-    C.composite_rgb(view, rgb, n, oy, ox, code)
-    np.testing.assert_allclose(view, want)
+@pytest.mark.parametrize("opencv", [False, True])
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize(("r", "n", "code", "oy", "ox", "peak"),
+                         [(32, 17, 0, 3, 4, 40), (32, 23, 5, -5, 20, 3000), (20, 20, 7, 10, -3, 9),
+                          (112, 150, 6, -20, 100, 700), (40, 14, 3, 25, 25, 1)])
+def test_place_counts_matches_colour_resize_composite(opencv, overwrite, r, n, code, oy, ox, peak):
+    """The fused pass equals the official order done step by step: colour the counts, resize the colours
+    bilinearly, flip, place, composite. Peaks above the colour table's size take the untabled path."""
+    counts = _counts(r, code, peak)
+    side = 32 if n < 32 else 224
+    view = np.random.default_rng(1).uniform(0, 0.5, (side, side, 3)).astype(np.float32)
+    view[::3] = 0.0  # black rows, where overwrite and max agree
+    hue, sat, val = 0.77, 0.6, 0.9
+    rgb = ref.resize_bilinear(ref.count_colours(counts, peak, hue, sat, val, opencv), n)
+    expected = ref.place(view, rgb, oy, ox, code, overwrite)
+    scratch = np.empty(max(r, n), np.int64), np.empty(max(r, n), np.int64), np.empty(max(r, n))
+    C.place_counts(view, counts, peak, r, n, oy, ox, code, hue, sat, val, opencv, overwrite,
+                   np.empty((6, 6)), np.empty((1024, 3), np.float32), *scratch)
+    np.testing.assert_allclose(view, expected, atol=2e-6)
+
+
+def test_opencv_hue_spans_1_42_turns():
+    """H = (255 grade + 255 hue) mod 256 on a 0..180 scale: a grade of 1 from hue 0 is 255/180 turns."""
+    counts = np.array([[0, 90, 180]], np.int32).repeat(3, 0)
+    rgb = ref.count_colours(counts, 180, 0.0, 1.0, 1.0, True)
+    assert (rgb[0, 0] == 0).all()
+    np.testing.assert_allclose(rgb[0, 2], hsv_to_rgb([255 / 180 - 1, 1.0, 1.0]), atol=1e-6)
+    view = np.zeros((3, 3, 3), np.float32)
+    scratch = np.empty(3, np.int64), np.empty(3, np.int64), np.empty(3)
+    C.place_counts(view, counts, 180, 3, 3, 0, 0, 0, 0.0, 1.0, 1.0, True, True, np.empty((6, 6)),
+                   np.empty((1024, 3), np.float32), *scratch)
+    np.testing.assert_allclose(view, rgb, atol=1e-6)
+
+
+def test_overwrite_replaces_and_max_keeps_the_brighter():
+    counts = np.ones((2, 2), np.int32)
+    scratch = np.empty(2, np.int64), np.empty(2, np.int64), np.empty(2)
+    results = []
+    for overwrite in (True, False):
+        view = np.ones((2, 2, 3), np.float32)  # white below
+        C.place_counts(view, counts, 1, 2, 2, 0, 0, 0, 0.0, 1.0, 0.5, False, overwrite, np.empty((6, 6)),
+                       np.empty((8, 3), np.float32), *scratch)
+        results.append(view)
+    np.testing.assert_allclose(results[0][0, 0], hsv_to_rgb([0.0, 1.0, 0.5]))  # pure red, value 0.5
+    np.testing.assert_allclose(results[1], 1.0)

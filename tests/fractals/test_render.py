@@ -28,30 +28,54 @@ def _patch(cells):
     return patch
 
 
+def _game(maps, lut, starts, steps, seed, res, patch, stretch=False):
+    hits = np.full((res + 2) ** 2 + 5, 7, np.int32)  # scratch: chaos_game must clear what it uses
+    counts = np.full((res, res), -1, np.int32)  # every count is written (no zeroing needed)
+    peak = R.chaos_game(maps, lut, starts, steps, seed, res, stretch, hits, patch, counts)
+    return counts, peak
+
+
 @pytest.mark.parametrize("code", [0, 1, 2, 3, 57, 399])
 @pytest.mark.parametrize(("res", "steps"), [(20, 250), (33, 101), (112, 2000)])
-@pytest.mark.parametrize("cells", [[4], [1, 3, 4, 5, 7], list(range(9))])
-def test_kernel_matches_numpy_reference_exactly(bank, code, res, steps, cells):
+@pytest.mark.parametrize("cells", [[4], [1, 3, 4, 5, 7], list(range(9)), [0, 8], []])
+@pytest.mark.parametrize("stretch", [False, True])
+def test_kernel_matches_numpy_reference_exactly(bank, code, res, steps, cells, stretch):
     maps, lut, starts = _prepare(bank, code)
     seed = np.uint64(1234 + code)
     patch = _patch(cells)
-    canvas = np.zeros((res + 2, res + 2), np.int32)
-    bbox = R.chaos_game(maps, lut, starts, steps, seed, res, canvas, patch)
+    counts, peak = _game(maps, lut, starts, steps, seed, res, patch, stretch)
     choices = R.map_choices(lut, steps, seed)
-    expected, expected_bbox = ref.chaos_canvas(maps, starts, choices, res, patch)
-    assert bbox == expected_bbox
-    np.testing.assert_array_equal(canvas, expected)
-    assert canvas.sum() == steps * R.CHAINS * len(cells)
+    expected, expected_bbox = ref.chaos_canvas(maps, starts, choices, res, patch, stretch)
+    assert R.chaos_bbox(maps, lut, starts, steps, seed) == expected_bbox
+    np.testing.assert_array_equal(counts, expected)
+    assert peak == expected.max()
+    if cells == [4]:
+        assert counts.sum() == steps * R.CHAINS  # single pixels: every point lands on the canvas
 
 
 def test_points_fill_the_canvas_box(bank):
     maps, lut, starts = _prepare(bank, 5)
-    canvas = np.zeros((42, 42), np.int32)
-    R.chaos_game(maps, lut, starts, 500, np.uint64(3), 40, canvas, _patch([4]))
-    rows, cols = np.nonzero(canvas)
-    # The longer side of the bounding box spans the whole canvas; nothing lands in the border ring.
-    assert (rows.min(), rows.max()) == (1, 40) or (cols.min(), cols.max()) == (1, 40)
-    assert rows.min() >= 1 and cols.min() >= 1 and rows.max() <= 40 and cols.max() <= 40
+    rows, cols = np.nonzero(_game(maps, lut, starts, 500, np.uint64(3), 40, _patch([4]))[0])
+    # The longer side of the bounding box spans the whole canvas.
+    assert (rows.min(), rows.max()) == (0, 39) or (cols.min(), cols.max()) == (0, 39)
+
+
+def test_the_stretch_fit_fills_both_sides(bank):
+    """The official generator's anisotropic fit: each side of the points' box spans the canvas (the far
+    extreme, floored, may land one pixel short when its coordinate rounds down, as in the official)."""
+    far = []
+    for c in range(40):
+        maps, lut, starts = _prepare(bank, c)
+        rows, cols = np.nonzero(_game(maps, lut, starts, 500, np.uint64(c), 32, _patch([4]), True)[0])
+        assert rows.min() == 0 and cols.min() == 0 and min(rows.max(), cols.max()) >= 30
+        far += [rows.max(), cols.max()]
+    assert np.mean(np.array(far) == 31) > 0.5
+
+
+def test_an_empty_patch_renders_nothing(bank):
+    maps, lut, starts = _prepare(bank, 2)
+    counts, peak = _game(maps, lut, starts, 500, np.uint64(3), 32, _patch([]), True)
+    assert peak == 0 and not counts.any()
 
 
 def test_choices_follow_probabilities(bank):
@@ -79,21 +103,25 @@ def test_chain_starts_are_fixed_points(bank):
                                        atol=1e-9)
 
 
-def test_jitter_scales_one_map_within_range(bank):
+@pytest.mark.parametrize("translation", [False, True])
+def test_jitter_scales_one_map_within_range(bank, translation):
     st = np.array([99], np.uint64)
     out, probs = np.empty((MAX_MAPS, 6)), np.empty(MAX_MAPS)
     factors = []
+    width = 6 if translation else 4  # the official scales the whole 2x3 map, translation included
     for c in range(300):
-        R.jitter_code(bank.maps[c], bank.n_maps[c], st, 0.8, 1.1, 5, out, probs)
+        R.jitter_code(bank.maps[c], bank.n_maps[c], st, 0.8, 1.1, 4, translation, out, probs)
         changed = np.nonzero(np.any(out != bank.maps[c], axis=1))[0]
         assert len(changed) <= 1
-        np.testing.assert_array_equal(out[:, 4:], bank.maps[c][:, 4:])  # translations untouched
+        np.testing.assert_array_equal(out[:, width:], bank.maps[c][:, width:])
         assert singular_values(out).max() <= 1.0 + 1e-12
         np.testing.assert_allclose(probs.sum(), 1.0)
         if len(changed):
             k = changed[0]
-            nz = np.abs(bank.maps[c, k, :4]) > 1e-12
-            factors.append(np.median(out[k, :4][nz] / bank.maps[c, k, :4][nz]))
+            ratio = out[k, :width] / np.where(bank.maps[c, k, :width] == 0, 1.0, bank.maps[c, k, :width])
+            nz = np.abs(bank.maps[c, k, :width]) > 1e-12
+            np.testing.assert_allclose(ratio[nz], ratio[nz][0], rtol=1e-12)  # one factor for the whole map
+            factors.append(ratio[nz][0])
     factors = np.array(factors)
     assert len(factors) > 250  # most codes can be jittered
     assert factors.min() >= 0.8 - 1e-9 and factors.max() <= 1.1 + 1e-9 and factors.std() > 0.05
@@ -104,7 +132,7 @@ def test_jitter_falls_back_to_unjittered():
     maps[0, :4] = [1.0, 0.0, 0.0, 0.5]  # s1 = 1: any factor > 1 is rejected
     maps[1, :4] = [0.0, 1.0, 0.5, 0.0]
     out, probs = np.empty_like(maps), np.empty(MAX_MAPS)
-    R.jitter_code(maps, 2, np.array([1], np.uint64), 1.05, 1.1, 5, out, probs)
+    R.jitter_code(maps, 2, np.array([1], np.uint64), 1.05, 1.1, 4, True, out, probs)
     np.testing.assert_array_equal(out, maps)
     np.testing.assert_allclose(probs, [0.5, 0.5, 0.0, 0.0])
 
@@ -115,10 +143,10 @@ def test_spectral_norm_matches_svd(bank):
 
 
 def test_grade_normalises_by_peak():
-    canvas = np.zeros((6, 6), np.int32)
-    canvas[1, 1], canvas[2, 3], canvas[4, 4] = 4, 2, 1
+    counts = np.zeros((4, 4), np.int32)
+    counts[0, 0], counts[1, 2], counts[3, 3] = 4, 2, 1
     graded, mask = np.zeros((4, 4), np.float32), np.zeros((4, 4), np.float32)
-    R.grade(canvas, 4, graded, mask)
+    R.grade(counts, 4, 4, graded, mask)
     assert graded[0, 0] == 1.0 and graded[1, 2] == 0.5 and graded[3, 3] == 0.25
     assert mask.sum() == 3 and graded.sum() == 1.75
 
@@ -129,6 +157,5 @@ def test_diverging_code_renders_empty_instead_of_crashing():
     maps[0, 4:] = [1.0, 1.0]
     lut = np.zeros(R.LUT_SIZE, np.uint8)
     starts = np.full((R.CHAINS, 2), 0.5)
-    canvas = np.zeros((22, 22), np.int32)
-    R.chaos_game(maps, lut, starts, 2000, np.uint64(1), 20, canvas, _patch([4]))
-    assert canvas.sum() == 0
+    counts, peak = _game(maps, lut, starts, 2000, np.uint64(1), 20, _patch([4]))
+    assert peak == 0 and not counts.any()
