@@ -184,7 +184,8 @@ def test_config_rejects_unknown_instances():
 def test_placed_size_and_corner_follow_the_official_or_the_first_renderer(floor):
     """Official: side int(f S) and top-left in [-s//4, S - s + s//4); the first renderer rounded the side
     and closed the range on the right."""
-    from fractals.scenes import _kernel_params, _placed_size, _top_left
+    from fractals.draw import _placed_size, _top_left
+    from fractals.scenes import _kernel_params
 
     side = 32
     prm = _kernel_params(RenderConfig.preset(side, floor_placement=floor))
@@ -204,7 +205,8 @@ def test_placed_size_and_corner_follow_the_official_or_the_first_renderer(floor)
 
 @pytest.mark.parametrize("centre", [False, True])
 def test_patch_centre_is_random_or_forced(centre):
-    from fractals.scenes import _kernel_params, _patch_and_seed, _scratch
+    from fractals.draw import _patch_and_seed, _scratch
+    from fractals.scenes import _kernel_params
 
     prm = _kernel_params(RenderConfig.preset(32, patch_centre=centre))
     work = _scratch(32, 1, prm)
