@@ -232,6 +232,31 @@ def _u(i):
     return np.uint64(i)
 
 
+@nb.njit(inline="always")
+def _edge_row(flat, tmp, base, row, pad, radius):
+    # Input row at flat[base:] into tmp[pad:], with radius pixels replicated at each end.
+    for i in range(3 * radius):
+        tmp[pad + i] = flat[base + i % 3]
+        tmp[pad + row + 3 * radius + i] = flat[base + row - 3 + i % 3]
+    for i in range(row):
+        tmp[_u(pad + 3 * radius + i)] = flat[_u(base + i)]
+
+
+@nb.njit(cache=True)
+def _blur3(flat, tmp, n, row, pad, w0, w1, w2):
+    """:func:`gaussian_blur` with radius 1: each output is (w0 a + w1 b) + w2 c, as the general loop sums."""
+    for y in range(n):
+        base = y * row
+        _edge_row(flat, tmp, base, row, pad, 1)
+        for i in range(row):
+            j = _u(pad + i)
+            tmp[_u(base + i)] = w0 * tmp[j] + w1 * tmp[j + _u(3)] + w2 * tmp[j + _u(6)]
+    for y in range(n):
+        base, above, below = y * row, max(y - 1, 0) * row, min(y + 1, n - 1) * row
+        for i in range(row):
+            flat[_u(base + i)] = w0 * tmp[_u(above + i)] + w1 * tmp[_u(base + i)] + w2 * tmp[_u(below + i)]
+
+
 @nb.njit(cache=True)
 def gaussian_blur(view, tmp, sigma, radius, w):
     """Separable Gaussian blur of ``view`` (S, S, 3) float32 in place, clamp-to-edge borders.
@@ -245,13 +270,13 @@ def gaussian_blur(view, tmp, sigma, radius, w):
     taps = 2 * radius + 1
     flat = view.reshape(-1)
     pad = n * row  # tmp[:pad] holds the row-blurred image, tmp[pad:] one edge-replicated input row
+    if radius == 1:  # the paper look's 3x3 kernel: one pass per axis, the same sums in the same order
+        _blur3(flat, tmp, n, row, pad, np.float32(w[0]), np.float32(w[1]), np.float32(w[2]))
+        return
     for y in range(n):
         base = y * row
-        for i in range(3 * radius):
-            tmp[pad + i] = flat[base + i % 3]
-            tmp[pad + row + 3 * radius + i] = flat[base + row - 3 + i % 3]
+        _edge_row(flat, tmp, base, row, pad, radius)
         for i in range(row):
-            tmp[_u(pad + 3 * radius + i)] = flat[_u(base + i)]
             tmp[_u(base + i)] = 0.0
         for t in range(taps):
             wt = np.float32(w[t])

@@ -49,10 +49,11 @@ def _scratch(side, n_codes, prm):
         np.empty((n_codes, LUT_SIZE), np.uint8),  # 13: map-choice table
         np.empty((n_codes, CHAINS, 2)), np.zeros((n_codes, 3, 3), np.bool_), np.empty((6, 6)),  # 14-16
         np.empty((COLOUR_TABLE, 3), np.float32), np.empty(n_codes, np.uint64),  # 17, 18: colours, game seeds
+        np.empty((2, prm.n_steps * CHAINS)),  # 19: the chains' points
     )
 
 
-@nb.njit(cache=True)
+@nb.njit(inline="always")
 def _jitter(j, code, n_maps, st, prm, work):
     """Instance j's jittered code, its map-choice table and its chain starts (work[11, 13, 14][j])."""
     m, probs, lut, starts = work[11][j], work[12], work[13][j], work[14][j]
@@ -61,13 +62,13 @@ def _jitter(j, code, n_maps, st, prm, work):
     chain_starts(m, n_maps, starts)
 
 
-@nb.njit(cache=True)
+@nb.njit(inline="always")
 def _placed_size(st, prm, side):
     f = uniform(st, prm.scale_lo, prm.scale_hi)
     return max(1, int(f * side)) if prm.floor_placement else max(1, int(f * side + 0.5))
 
 
-@nb.njit(cache=True)
+@nb.njit(inline="always")
 def _top_left(st, prm, side, size):
     """Top-left corner (oy, ox) of a placed instance of side ``size``, keeping >= 1 - off_canvas of each of
     its sides on the view: [-off, side - size + off), the official's open right bound, or closed."""
@@ -79,7 +80,7 @@ def _top_left(st, prm, side, size):
     return oy, ox
 
 
-@nb.njit(cache=True)
+@nb.njit(inline="always")
 def _patch_and_seed(j, st, prm, work):
     """Instance j's 3x3 patch (work[15][j]) and chaos-game seed (work[18][j])."""
     patch = work[15][j]
@@ -94,14 +95,14 @@ def _patch_and_seed(j, st, prm, work):
     work[18][j] = next_u64(st)
 
 
-@nb.njit(cache=True)
+@nb.njit(inline="always")
 def _rasterise(j, r, prm, work):
     """Render instance j at r x r px: chaos game and patch into its hit counts work[1][j], peak work[2][j]."""
     work[2][j] = chaos_game(work[11][j], work[13][j], work[14][j], prm.n_steps, work[18][j], r, prm.stretch,
-                            work[0], work[15][j], work[1][j])
+                            work[0], work[19], work[15][j], work[1][j])
 
 
-@nb.njit(cache=True)
+@nb.njit(inline="always")
 def _place(view, j, r, size, st, prm, work):
     """Colour, flip, resize to ``size`` and place instance j's r x r render (work[1, 2][j]) onto ``view``."""
     counts, peak = work[1][j], work[2][j]
@@ -127,12 +128,12 @@ def _place(view, j, r, size, st, prm, work):
     composite(view, graded, mask, size, oy, ox, dihedral, hue, sat, val, knots)
 
 
-@nb.njit(cache=True)
+@nb.njit(inline="always")
 def _render_size(prm, side, size):
     return min(side if prm.render_full else size, prm.render_cap)
 
 
-@nb.njit(cache=True)
+@nb.njit(inline="always")
 def _keep_grey(grey, v, b, j, r, work):
     # Debug output for tests: the grey render (counts / peak) that view v of scene b placed for code j.
     if grey.shape[0] > 0 and work[2][j] > 0:

@@ -5,10 +5,9 @@ chaos game, coloured in HSV, flipped, resized to U(0.45, 0.75) of the canvas, pl
 off-canvas) and composited on black; each view is then blurred with p = 0.5.
 
 Speed comes from three choices (see README, Performance):
-- The chaos game is fused with rasterisation, so no coordinate array exists. The view region must fit the
-  points' bounding box, so each instance runs the game twice from the same RNG state: a cheap pass that
-  only tracks the box, then one that rasterises. The 3x3 patch is then gathered, not scattered, into the
-  counts that the colouring pass reads, with the peak count found on the way.
+- The view region must fit the points' bounding box, so the chains' points go to a scratch buffer while the
+  box is tracked, and a second pass rasterises them. The 3x3 patch is then gathered, not scattered, into
+  the counts that the colouring pass reads, with the peak count found on the way.
 - Map choice is branch-free: one 64-bit draw gives 8 bytes, each indexing a 256-entry lookup table built
   from the map probabilities (so probabilities are quantised to 1/256).
 - CHAINS independent chains are advanced together, which hides the latency of the serial affine update.
@@ -142,8 +141,9 @@ def _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy):
 
 
 @nb.njit(cache=True)
-def chaos_bbox(maps, lut, starts, n_steps, seed):
-    """Bounding box (x0, x1, y0, y1) of the n_steps * CHAINS points the chains visit from ``seed``."""
+def chaos_points(maps, lut, starts, n_steps, seed, xs, ys):
+    """Run the chains from ``seed``: point i * CHAINS + c is chain c after step i + 1, into xs, ys (>= n_steps
+    * CHAINS float64 each). Returns the points' bounding box (x0, x1, y0, y1)."""
     st = np.full(1, seed, np.uint64)
     ax, ay, bx, by = starts[0, 0], starts[0, 1], starts[1, 0], starts[1, 1]
     cx, cy, dx, dy = starts[2, 0], starts[2, 1], starts[3, 0], starts[3, 1]
@@ -152,8 +152,15 @@ def chaos_bbox(maps, lut, starts, n_steps, seed):
     for i in range(n_steps):
         z = next_u64(st) if i % 2 == 0 else z >> np.uint64(32)  # one draw serves two steps
         ax, ay, bx, by, cx, cy, dx, dy = _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy)
-        x0, x1 = min(x0, ax, bx, cx, dx), max(x1, ax, bx, cx, dx)
-        y0, y1 = min(y0, ay, by, cy, dy), max(y1, ay, by, cy, dy)
+        k = np.uint64(CHAINS * i)
+        xs[k], xs[k + 1], xs[k + 2], xs[k + 3] = ax, bx, cx, dx
+        ys[k], ys[k + 1], ys[k + 2], ys[k + 3] = ay, by, cy, dy
+    for i in range(CHAINS * n_steps):  # the box afterwards, off the chains' critical path; this vectorises
+        x, y = xs[i], ys[i]
+        x0 = x if x < x0 else x0
+        x1 = x if x > x1 else x1
+        y0 = y if y < y0 else y0
+        y1 = y if y > y1 else y1
     return x0, x1, y0, y1
 
 
@@ -183,23 +190,18 @@ def _pixel(x, y, cx, cy, sx, sy, w):
 
 
 @nb.njit(cache=True)
-def chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, stretch, canvas):
-    """Replay the chains of :func:`chaos_bbox` and add 1 per point to the int32 ``canvas`` (res+2, res+2)."""
-    cx_, cy_, sx, sy = _raster_frame(bbox, res, stretch)
+def chaos_raster(xs, ys, n_points, bbox, res, stretch, canvas):
+    """Add 1 per point (xs, ys)[:n_points] to the int32 ``canvas`` (res + 2, res + 2), the box fitted to its
+    interior by :func:`_raster_frame`."""
+    cx, cy, sx, sy = _raster_frame(bbox, res, stretch)
     w = res + 2
     inner = canvas.reshape(-1)[w + 1:]
-    st = np.full(1, seed, np.uint64)
-    ax, ay, bx, by = starts[0, 0], starts[0, 1], starts[1, 0], starts[1, 1]
-    cx, cy, dx, dy = starts[2, 0], starts[2, 1], starts[3, 0], starts[3, 1]
-    z = np.uint64(0)
-    for i in range(n_steps):
-        z = next_u64(st) if i % 2 == 0 else z >> np.uint64(32)
-        ax, ay, bx, by, cx, cy, dx, dy = _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy)
+    pixels = np.empty(n_points, np.uint64)  # first all pixel offsets (a loop that vectorises), then the adds
+    for i in range(n_points):
         # Unsigned indices spare numba its negative-index wraparound check (they are >= 0 by construction).
-        inner[np.uint64(_pixel(ax, ay, cx_, cy_, sx, sy, w))] += 1
-        inner[np.uint64(_pixel(bx, by, cx_, cy_, sx, sy, w))] += 1
-        inner[np.uint64(_pixel(cx, cy, cx_, cy_, sx, sy, w))] += 1
-        inner[np.uint64(_pixel(dx, dy, cx_, cy_, sx, sy, w))] += 1
+        pixels[i] = np.uint64(_pixel(xs[i], ys[i], cx, cy, sx, sy, w))
+    for i in range(n_points):
+        inner[pixels[i]] += 1
 
 
 @nb.njit(cache=True)
@@ -207,43 +209,51 @@ def splat_gather(hits, res, patch, counts):
     """counts[y, x] = the hits under the set cells of the 3x3 ``patch`` centred on (y, x), for the res x res
     interior of the padded ``hits`` (res + 2, res + 2); returns the peak count.
 
-    Every point stamping the patch (Anderson & Farrell 2022) equals each cell gathering its patch-shaped
-    neighbourhood of hits, so every count is written once (``counts`` needs no zeroing) and the peak comes
-    with it. Stamps that would fall off the canvas are dropped, as in the official generator.
+    Every point stamping the patch (Anderson & Farrell 2022) equals each pixel gathering its patch-shaped
+    neighbourhood of hits: the first set cell's shifted copy of the hits is written, the others' are added,
+    row by row so the loops vectorise, and ``counts`` needs no zeroing. Stamps that would fall off the
+    canvas are dropped, as in the official generator.
     """
-    w = res + 2
-    flat = hits.reshape(-1)
-    offs = np.empty(9, np.int64)
-    n = 0
-    for q in range(9):  # cell (dy, dx) of a point at p reaches p + (dy, dx): gather from -(dy, dx)
-        if patch[q // 3, q % 3]:
-            offs[n] = (1 - (q // 3 - 1)) * w + (1 - (q % 3 - 1))
-            n += 1
+    w, cw = res + 2, counts.shape[1]  # row strides: counts may be wider than res
+    src, dst = hits.reshape(-1), counts.reshape(-1)
+    first = True
+    for q in range(9):  # cell (dy, dx) of a point at p reaches p + (dy, dx): gather from p - (dy, dx)
+        if not patch[q // 3, q % 3]:
+            continue
+        off = (1 - (q // 3 - 1)) * w + (1 - (q % 3 - 1))
+        for y in range(res):
+            s0, d0 = y * w + off, y * cw
+            if first:
+                for x in range(res):
+                    dst[np.uint64(d0 + x)] = src[np.uint64(s0 + x)]
+            else:
+                for x in range(res):
+                    dst[np.uint64(d0 + x)] += src[np.uint64(s0 + x)]
+        first = False
+    if first:  # no cell set: nothing is drawn
+        counts[:res, :res] = 0
+        return 0
     peak = 0
     for y in range(res):
-        row = counts[y]
         for x in range(res):
-            base = y * w + x
-            v = 0
-            for t in range(n):
-                v += flat[np.uint64(base + offs[t])]
-            row[x] = v
-            peak = max(peak, v)
+            peak = max(peak, dst[np.uint64(y * cw + x)])
     return peak
 
 
 @nb.njit(cache=True)
-def chaos_game(maps, lut, starts, n_steps, seed, res, stretch, hits, patch, counts):
-    """Render one instance into ``counts`` (res, res) int32: the bounding-box pass, rasterisation into the
-    scratch ``hits`` (>= (res + 2)^2 int32, zeroed here), then the 3x3 ``patch`` stamped at every point
-    (patch[1, 1] alone: plain pixels; no cell set: nothing). Returns the peak count (0: empty)."""
-    bbox = chaos_bbox(maps, lut, starts, n_steps, seed)
+def chaos_game(maps, lut, starts, n_steps, seed, res, stretch, hits, points, patch, counts):
+    """Render one instance into ``counts`` (res, res) int32: the chains' points into the scratch ``points``
+    (2, >= n_steps * CHAINS) float64 with their bounding box, rasterisation into the scratch ``hits``
+    (>= (res + 2)^2 int32, zeroed here), then the 3x3 ``patch`` stamped at every point (patch[1, 1] alone:
+    plain pixels; no cell set: nothing). Returns the peak count (0: empty)."""
+    xs, ys = points[0], points[1]
+    bbox = chaos_points(maps, lut, starts, n_steps, seed, xs, ys)
     canvas = hits[: (res + 2) * (res + 2)].reshape(res + 2, res + 2)
     if not (np.isfinite(bbox[0]) and np.isfinite(bbox[1]) and np.isfinite(bbox[2]) and np.isfinite(bbox[3])):
         counts[:res, :res] = 0  # a diverging code (not from our sampler) renders empty, not out of bounds
         return 0
     canvas[:] = 0
-    chaos_raster(maps, lut, starts, n_steps, seed, bbox, res, stretch, canvas)
+    chaos_raster(xs, ys, n_steps * CHAINS, bbox, res, stretch, canvas)
     return splat_gather(canvas, res, patch, counts)
 
 

@@ -31,7 +31,8 @@ def _patch(cells):
 def _game(maps, lut, starts, steps, seed, res, patch, stretch=False):
     hits = np.full((res + 2) ** 2 + 5, 7, np.int32)  # scratch: chaos_game must clear what it uses
     counts = np.full((res, res), -1, np.int32)  # every count is written (no zeroing needed)
-    peak = R.chaos_game(maps, lut, starts, steps, seed, res, stretch, hits, patch, counts)
+    points = np.empty((2, steps * R.CHAINS))
+    peak = R.chaos_game(maps, lut, starts, steps, seed, res, stretch, hits, points, patch, counts)
     return counts, peak
 
 
@@ -46,7 +47,9 @@ def test_kernel_matches_numpy_reference_exactly(bank, code, res, steps, cells, s
     counts, peak = _game(maps, lut, starts, steps, seed, res, patch, stretch)
     choices = R.map_choices(lut, steps, seed)
     expected, expected_bbox = ref.chaos_canvas(maps, starts, choices, res, patch, stretch)
-    assert R.chaos_bbox(maps, lut, starts, steps, seed) == expected_bbox
+    xs, ys = np.empty(steps * R.CHAINS), np.empty(steps * R.CHAINS)
+    assert R.chaos_points(maps, lut, starts, steps, seed, xs, ys) == expected_bbox
+    np.testing.assert_array_equal(np.stack([xs, ys], 1), ref.chaos_points(maps, starts, choices))
     np.testing.assert_array_equal(counts, expected)
     assert peak == expected.max()
     if cells == [4]:
