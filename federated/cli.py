@@ -23,6 +23,7 @@ from fpsfl.base.cli import Parser, add_set_flag, add_settings, parse_settings, r
 from fpsfl.base.rundir import RunDirError
 from pretrain.backbones import BackboneError, check_backbone
 
+from . import flower, runner
 from .datasets import DATASETS, DataError
 from .experiment import FederateConfig, RunOptions
 from .flower import FlowerError
@@ -30,7 +31,6 @@ from .initialisation import InitError
 from .local import DivergenceError
 from .oracle.tracking import TrackConfig
 from .partitions import PARTITIONS, PartitionError
-from .runner import run
 
 GROUPS = {  # argparse sections of the generated flags, in order, with their notes
     "data": None, "partition": None, "federated training": None, "segmentation (cityscapes)": None,
@@ -70,7 +70,8 @@ def options_from(args: argparse.Namespace) -> tuple[FederateConfig, RunOptions]:
 def cmd_federate(args: argparse.Namespace) -> None:
     cfg, opts = options_from(args)
     out = opts.out
-    rows = run(cfg, opts)
+    # the engine is chosen here, at the top: the runner never imports federated.flower
+    rows = (flower.run if opts.engine == "flower" else runner.run)(cfg, opts)
     if rows:
         last, best = rows[-1], max(r["test_acc"] for r in rows)
         local = f", mean local acc {last['local_acc']:.4f}" if "local_acc" in last else ""

@@ -11,6 +11,7 @@ import dataclasses
 import math
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -23,7 +24,6 @@ from fpsfl.base.rundir import RunDir, RunDirError
 from .algorithms import ALGORITHMS
 from .datasets import DATASETS, ImageData
 from .experiment import FederateConfig, RunOptions
-from .flower import require_flower
 from .initialisation import check_init, init_sha256, pretraining_size
 from .local import DivergenceError, make_optimizer
 from .oracle.tracking import Tracker
@@ -34,15 +34,21 @@ FINAL_FORMAT = "fpsfl-federated/1"
 DIVERGE_FACTOR = 100.0  # see check_divergence
 
 
+# An engine's host runs the round loop ``rounds(dispatch)`` its own way (a Flower ServerApp in Flower's
+# simulation runtime or on a SuperLink's Grid) and returns its metrics rows; it gets the resolved config.
+# The engine is chosen at the top (federate's CLI, the Flower app): this module never imports it.
+Host = Callable[[FederateConfig, Callable[[Dispatch | None], list[dict]]], list[dict]]
+
+
 def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
-        dispatch: Dispatch | None = None) -> list[dict]:
+        host: Host | None = None) -> list[dict]:
     """Run (or resume) a simulation into ``opts.out``; returns all metrics rows. ``data`` replaces the
     configured dataset (tests). The run directory is locked for the whole run (:class:`RunDir`).
-    ``opts.engine`` flower trains the clients as Flower ClientApps: in Flower's simulation engine, or
-    through ``dispatch`` (a deployment's ServerApp, :mod:`federated.flower.server_app`)."""
+    ``host`` runs the rounds for another engine (``opts.engine`` flower: :func:`federated.flower.run`)."""
+    if opts.engine != "inprocess" and host is None:
+        raise ValueError(f"--engine {opts.engine} runs through its own front door (federate's CLI, or "
+                         f"federated.flower.run), not federated.runner.run")
     device = resolve_device(opts.device)
-    if opts.engine == "flower":
-        require_flower(cfg, opts, data is not None)  # one line, before anything is loaded
     rundir = RunDir(opts.out)
     with rundir.session(opts.resume):  # before the (slow) data loading, and before anything is written
         if opts.resume:
@@ -53,11 +59,9 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
             if size_note and opts.progress:
                 tqdm.write(size_note)
         s = setup(cfg, device, data, load_init=not opts.resume)  # a resumed run's model is in state.pt
-        if opts.engine == "flower" and dispatch is None:
-            from .flower.engine import simulate  # imports flwr: only now
-
-            return simulate(cfg, opts, lambda flower: _rounds(s, cfg, opts, rundir, device, flower))
-        return _rounds(s, cfg, opts, rundir, device, dispatch)
+        if host is not None:
+            return host(cfg, lambda dispatch: _rounds(s, cfg, opts, rundir, device, dispatch))
+        return _rounds(s, cfg, opts, rundir, device)
 
 
 def _input_size(cfg: FederateConfig) -> tuple[FederateConfig, str]:

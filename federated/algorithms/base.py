@@ -61,6 +61,8 @@ class FedAvg:
     name: ClassVar[str] = "fedavg"
     Config: ClassVar[type[AlgoConfig]] = AlgoConfig
     requires: ClassVar[frozenset[str]] = frozenset()  # task capabilities it needs (see federated.tasks.Task)
+    # the server state keys a client's hooks read (SCAFFOLD's c): all that a Flower message carries of it
+    client_reads: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: AlgoConfig, client_sizes: list[int], class_counts: np.ndarray):
         self.cfg = cfg

@@ -42,6 +42,7 @@ def _zeros_like(model: nn.Module) -> dict[str, torch.Tensor]:
 class Scaffold(FedAvg):
     name = "scaffold"
     Config = ScaffoldConfig
+    client_reads = ("c",)
 
     def _variates(self, ctx: ClientContext, model: nn.Module) -> tuple[dict, dict]:
         """(c, c_i), zero before their first use."""
@@ -87,6 +88,8 @@ class Scaffold(FedAvg):
     def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
         new = super().server_update(global_params, params, results)
         deltas = [r.extra["delta_c"] for r in results if r.extra["delta_c"]]
+        # c = 0 before its first use: made here too, for a server whose clients run elsewhere (Flower)
+        self.server.setdefault("c", {k: torch.zeros_like(v) for k, v in global_params.items()})
         if deltas:
             share = len(deltas) / len(self.sizes)  # |S| / N
             for name in self.server["c"]:

@@ -1,16 +1,19 @@
-"""``federate --engine flower``: the same rounds with each client a Flower ClientApp (Beutel et al. 2020).
+"""The Flower engine: the same rounds with each client a Flower ClientApp (Beutel et al. 2020).
 
 Flower (``pip install -e ".[flower]"``) only carries the messages: a client's local training and client
 step are :func:`federated.rounds.train_client`, the server's planning, aggregation, evaluation and metrics
 are :func:`federated.rounds.plan_round` and :func:`federated.rounds.close_round`, the functions the
 in-process engine runs, so both engines give the same run by construction (tests/federated/test_flower.py).
 
-- :mod:`.records`: our tensors and nested dicts as Flower records.
+- :mod:`.run_config`: the app's typed run config (``flwr run . --run-config ...``) as federate's config.
+- :mod:`.records`: our nested dicts of tensors as Flower records.
 - :mod:`.client_app`: the ClientApp (one per client; its state in the Flower ``Context``).
-- :mod:`.server_app`: the dispatcher the round loop calls, and the ServerApp of a deployment.
-- :mod:`.engine`: one machine, Flower's simulation engine (Ray).
+- :mod:`.server_app`: the dispatcher the round loop calls, and the app's ServerApp (``flwr run .``).
+- :mod:`.engine`: one machine, Flower's simulation runtime (Ray), for ``federate --engine flower``.
 
-Nothing here imports ``flwr`` at module level: this package is loaded only once the engine is chosen.
+The engine is chosen at the top: federate's CLI calls :func:`run` here, the Flower app calls
+:func:`.server_app.serve`; :mod:`federated.runner` never imports this package (an import-linter contract
+in pyproject.toml). Nothing here imports ``flwr`` at module level.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from importlib.util import find_spec
 
 from fpsfl.base.cli import UsageError
 
+from .. import runner
+from ..datasets import ImageData
 from ..experiment import FederateConfig, RunOptions, flower_resources
 
 EXTRA = "pip install -e '.[flower]'"
@@ -42,3 +47,11 @@ def require_flower(cfg: FederateConfig, opts: RunOptions, data_given: bool = Fal
     if opts.device.startswith("cuda") and not flower_resources(opts.flower_resources).get("num_gpus"):
         raise UsageError(f"--device {opts.device} with --engine flower needs a GPU share for each client, "
                          f"e.g. --flower-resources num_cpus=1,num_gpus=0.25")
+
+
+def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None) -> list[dict]:
+    """``federate --engine flower``: the run in Flower's simulation runtime, one SuperNode per client."""
+    require_flower(cfg, opts, data is not None)  # one line, before anything is loaded
+    from .engine import simulate  # imports flwr: only now
+
+    return runner.run(cfg, opts, data, host=lambda resolved, rounds: simulate(resolved, opts, rounds))

@@ -1,22 +1,26 @@
 """The Flower ClientApp: one client's local training and client step (Beutel et al. 2020, Flower).
 
-Two message types. ``query``: the node says which client it is, its ``partition-id`` node config (set by
-Flower's simulation engine, and by ``flower-supernode --node-config "partition-id=3 data-root=..."`` in a
-deployment). ``train``: one round's job for this client (the run's config, the round, its learning rate,
-its per-epoch sample pools, the global model, the algorithm's server state); the client builds the
-:class:`federated.batched.ClientJob` with :func:`federated.rounds.make_job`, trains and finishes it with
-:func:`federated.rounds.train_client`, the functions of the in-process engine, and replies with its
-:class:`federated.algorithms.ClientResult` and mean loss.
+It answers Flower's standard ``train`` message, so it runs under our ServerApp and under Flower's own
+strategies (``flwr.serverapp.strategy.FedAvg``/``FedProx``/``FedAvgM``) alike:
 
-The client's persistent algorithm state (``algo.clients[i]``: SCAFFOLD's c_i, MOON's previous model, ...)
-lives in the Flower ``Context`` (``context.state``) from round to round. A ServerApp run's first message to
-a client carries the state the server holds for it (empty at the start of a run; after ``--resume``, the
-one saved in ``state.pt``) and replaces the Context's, so a restarted ServerApp, whose clients' Contexts
-start empty, continues exactly. Every reply carries the updated state back: the server keeps a copy to save
-with each round's checkpoint (see :mod:`.server_app`).
+- in: ``arrays`` (the global model, an ArrayRecord) and ``config`` (``server-round``; ``lr``, else the
+  run's schedule; ``client``, else the node's ``partition-id``; ``fpsfl-config``, federate's config as JSON,
+  else the Flower run config, see :mod:`.run_config`). Only what the algorithm's client reads comes on top:
+  ``fpsfl.server`` (its ``client_reads`` server state, SCAFFOLD's c) and ``fpsfl.pools`` (the epoch's
+  sample indices, only when they are not the client's whole partition every epoch, as FedVC draws them).
+- out: ``arrays`` (the local model) and a MetricRecord ``metrics`` (``num-examples``, the FedAvg weight;
+  ``train-loss``, ``steps``, ``client``, ``keeps-state``), plus ``fpsfl.extra`` when the client step has a
+  payload for the server (SCAFFOLD's delta c_i).
 
-The client loads the run's dataset and partition itself (deterministic in the config's seed; ``data-root``
-in the node config overrides where it lives) and trains on its own partition's samples only.
+The client's persistent algorithm state (SCAFFOLD's c_i, MOON's previous model, FedDyn's gradient, FedIR's
+weights, its BatchNorm statistics under --bn local) lives only in the node's Flower ``Context``: it never
+travels. A Context starts empty in each Flower run, so when the server says the client should hold state
+(``expect-state``: it said ``keeps-state`` before, recorded in state.pt) and the Context has none, the
+reply says the state is lost; the server names every such client in one line.
+
+The client trains with :func:`federated.rounds.make_job` and :func:`federated.rounds.train_client`, the
+in-process engine's functions, on its own partition (loaded once per process; deterministic in the
+config's seed; ``data-root`` in the node config overrides where the dataset lives).
 """
 
 from __future__ import annotations
@@ -24,19 +28,20 @@ from __future__ import annotations
 import json
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fpsfl.base.device import resolve_device
 
 from ..experiment import FederateConfig
 from ..local import DivergenceError
-from ..rounds import RoundPlan, frozen_copy, make_job, train_client
+from ..rounds import RoundPlan, frozen_copy, lr_at, make_job, train_client
 from ..setup import Setup, setup
-from .records import get_state, get_tree, has_tree, put_state, put_tree
+from .records import get_tree, has_tree, put_tree
+from .run_config import options_from_run_config
 
 app = ClientApp()
-STATE = "fpsfl.client"  # the Context.state records holding algo.clients[i]
+STATE = "fpsfl.client"  # the Context.state records holding this client's algorithm state
 _SETUP: dict[str, Setup] = {}  # this process's Setup, built on the first train message (data load: slow)
 
 
@@ -50,49 +55,62 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """One round of local training for the client the message names."""
-    job = msg.content["job"]
-    device = resolve_device(str(context.node_config.get("device", job["device"])))
-    s = _setup(str(job["config"]), context.node_config.get("data-root"), device)
-    cfg, client = FederateConfig.from_dict(json.loads(str(job["config"]))), int(job["client"])
-    if job["seed"]:
-        state = get_tree(msg.content, "client", device)
-    elif has_tree(context.state, STATE):
+    """One round of local training, for the client the message names (default: this node's)."""
+    config = msg.content["config"]
+    cfg = _config(config, context)
+    client = int(config.get("client", context.node_config.get("partition-id", -1)))
+    device = resolve_device(str(context.node_config.get("device", config.get("device", "auto"))))
+    s = _setup(cfg, context.node_config.get("data-root"), device)
+    if not 0 <= client < len(s.parts):
+        return _fail(msg, "config", f"this node serves client {client}, which a {len(s.parts)}-client "
+                                    f"partition does not have (node config partition-id)")
+    if has_tree(context.state, STATE):
         state = get_tree(context.state, STATE, device)
-    else:  # the server seeds a client once per ServerApp run: an empty Context now means a lost state
-        return _fail(msg, "lost", f"client {client}: its state is gone from the Flower Context (did its "
-                                  f"SuperNode restart?); restart the ServerApp with --resume")
-    s.algo.server = get_tree(msg.content, "server", device)
-    sent = set(s.algo.server)
-    pools = get_tree(msg.content, "pools")
-    pools = [pools[str(epoch)] for epoch in range(len(pools))]
-    global_state = get_state(msg.content, "global", device)
+    elif config.get("expect-state", False):
+        return _fail(msg, "lost", f"client {client}")
+    else:
+        state = {}
+    has_server = has_tree(msg.content, "fpsfl.server")
+    s.algo.server = get_tree(msg.content, "fpsfl.server", device) if has_server else {}
+    rnd = int(config["server-round"]) - 1
+    if has_tree(msg.content, "fpsfl.pools"):
+        pools = get_tree(msg.content, "fpsfl.pools")
+        pools = [pools[str(epoch)] for epoch in range(len(pools))]
+    else:  # FedAvg's default: the client's whole partition every local epoch
+        pools = [s.parts[client]] * cfg.local_epochs
+    global_state = {k: v.to(device) for k, v in msg.content["arrays"].to_torch_state_dict().items()}
     s.model.load_state_dict(global_state)
-    plan = RoundPlan(int(job["rnd"]), float(job["lr"]), [client], [pools], global_state,
-                     frozen_copy(s.model), {})
+    lr = float(config["lr"]) if "lr" in config else lr_at(cfg, rnd)
+    plan = RoundPlan(rnd, lr, [client], [pools], global_state, frozen_copy(s.model), {})
     try:
         result, loss = train_client(s, cfg, make_job(cfg, plan, 0, state, device))
     except DivergenceError as exc:
         return _fail(msg, "diverged", str(exc))
-    put_tree(context.state, STATE, state)
-    reply = RecordDict({"result": ConfigRecord({"n_samples": result.n_samples, "steps": result.steps,
-                                                "loss": loss})})
-    put_state(reply, "state", result.state)
-    put_tree(reply, "extra", result.extra)
-    put_tree(reply, "client", state)
-    # server state a client hook made on first use (SCAFFOLD's c = 0): in one process the client's and the
-    # server's algorithm are one object, so the server's must get it too
-    put_tree(reply, "server_new", {k: v for k, v in s.algo.server.items() if k not in sent})
+    if state:
+        put_tree(context.state, STATE, state)
+    reply = RecordDict({"arrays": ArrayRecord({k: v.cpu() for k, v in result.state.items()}),
+                        "metrics": MetricRecord({"num-examples": result.n_samples, "train-loss": loss,
+                                                 "steps": result.steps, "client": client,
+                                                 "keeps-state": int(bool(state))})})
+    if result.extra:
+        put_tree(reply, "fpsfl.extra", result.extra)
     return Message(reply, reply_to=msg)
 
 
-def _setup(config: str, data_root: object, device: torch.device) -> Setup:
+def _config(config: ConfigRecord, context: Context) -> FederateConfig:
+    """federate's config: the message's (our ServerApp sends it), else the Flower run config's."""
+    if "fpsfl-config" in config:
+        return FederateConfig.from_dict(json.loads(str(config["fpsfl-config"])))
+    return options_from_run_config(dict(context.run_config))[0]
+
+
+def _setup(cfg: FederateConfig, data_root: object, device: torch.device) -> Setup:
     """The run's data, partition, task, model and algorithm in this process (built once per config)."""
-    key = json.dumps([config, data_root, str(device)])
+    values = cfg.to_dict()
+    if data_root:
+        values["data_root"] = str(data_root)
+    key = json.dumps([values, str(device)], sort_keys=True, default=str)
     if key not in _SETUP:
-        values = json.loads(config)
-        if data_root:
-            values["data_root"] = str(data_root)
         _SETUP.clear()
         _SETUP[key] = setup(FederateConfig.from_dict(values), device, load_init=False)  # weights: per message
     return _SETUP[key]
@@ -100,4 +118,4 @@ def _setup(config: str, data_root: object, device: torch.device) -> Setup:
 
 def _fail(msg: Message, kind: str, reason: str) -> Message:
     """A reply the server turns into an exception (divergence: the run's one-line error, exit code 1)."""
-    return Message(RecordDict({"failed": ConfigRecord({"kind": kind, "reason": reason})}), reply_to=msg)
+    return Message(RecordDict({"fpsfl.failed": ConfigRecord({"kind": kind, "reason": reason})}), reply_to=msg)

@@ -1,10 +1,14 @@
-"""``federate --engine flower`` on one machine: Flower's simulation engine (Beutel et al. 2020, §4).
+"""``federate --engine flower`` on one machine: Flower's simulation runtime (Beutel et al. 2020, §4).
 
-:func:`simulate` runs our round loop as the ``main`` of a ServerApp in this process (it writes the run
-directory, as the in-process engine does) and ``cfg.clients`` virtual SuperNodes, each running
-:mod:`.client_app` in a Ray actor with the ``--flower-resources`` it asks for (``num_cpus=1,num_gpus=0``:
-as many concurrent clients as cores, on the CPU; ``num_gpus=0.5``: two clients share a GPU). Node ``i`` is
-client ``i`` (Flower sets its ``partition-id`` node config).
+:func:`simulate` runs the app's ServerApp logic (:func:`.server_app.serve`'s round loop, in this process:
+it writes the run directory, as the in-process engine does) and ``cfg.clients`` virtual SuperNodes, each
+running :mod:`.client_app` in a Ray actor with the ``--flower-resources`` it asks for
+(``num_cpus=1,num_gpus=0``: as many concurrent clients as cores, on the CPU; ``num_gpus=0.5``: two clients
+share a GPU). Node ``i`` is client ``i`` (Flower sets its ``partition-id`` node config).
+
+flwr 1.41 (the version tested) offers one in-process entry to its simulation runtime, ``run_simulation``,
+and marks it deprecated; the other, ``flwr run .`` (pyproject.toml ``[tool.flwr.app]``), starts a local
+SuperLink and runs the app in processes of its own, so its metrics and errors would not come back here.
 """
 
 from __future__ import annotations
@@ -18,14 +22,16 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
 from ..experiment import FederateConfig, RunOptions, flower_resources
+from ..rounds import Dispatch
 from .client_app import app as client_app
 from .server_app import FlowerDispatch
 
 
 def simulate(cfg: FederateConfig, opts: RunOptions,
-             rounds: Callable[[FlowerDispatch], list[dict]]) -> list[dict]:
+             rounds: Callable[[Dispatch | None], list[dict]]) -> list[dict]:
     """``rounds(dispatch)`` (the run's round loop) as a ServerApp, with one simulated SuperNode per client;
-    returns its metrics rows. An exception in the round loop reaches the caller as it was raised."""
+    returns its metrics rows (a :data:`federated.runner.Host`). An exception in the round loop reaches the
+    caller as it was raised."""
     rows: list[dict] = []
     server = ServerApp()
 

@@ -1,6 +1,7 @@
-"""Our tensors, nested dicts and scalars as Flower records, and back (Flower's Message API, flwr >= 1.20).
+"""Our nested dicts of tensors and scalars as Flower records, and back (Flower's Message API, flwr >= 1.20).
 
-A client's algorithm state (``algo.clients[i]``: SCAFFOLD's control variate, MOON's previous model, FedIR's
+Model state dicts travel as Flower's own ``ArrayRecord(state_dict)`` / ``to_torch_state_dict()``. A client's
+algorithm state (``algo.clients[i]``: SCAFFOLD's control variate, MOON's previous model, FedIR's
 weights, the client's own BatchNorm statistics under --bn local), a client step's payload (``extra``) and
 the algorithm's server state are nested dicts of tensors and scalars. :func:`put_tree` stores one under a
 name as two records: ``NAME`` (a ConfigRecord holding the tree's structure as JSON) and ``NAME.arrays`` (an
@@ -57,18 +58,8 @@ def has_tree(records: RecordDict, name: str) -> bool:
     return name in records and f"{name}.arrays" in records
 
 
-def put_state(records: RecordDict, name: str, state: dict[str, torch.Tensor]) -> None:
-    """A model state dict as one ArrayRecord (keys are the state's names)."""
-    records[name] = ArrayRecord({k: _array(v) for k, v in state.items()})
-
-
-def get_state(records: RecordDict, name: str, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(a.numpy()).to(device) for k, a in records[name].items()}
-
-
 def _array(tensor: torch.Tensor) -> Array:
-    # contiguous: a channels-last weight's NumPy view has permuted strides, which np.save would keep
-    return Array.from_numpy_ndarray(tensor.detach().cpu().contiguous().numpy())
+    return Array.from_torch_tensor(tensor.detach())
 
 
 def _key(key: Any, path: str) -> str:

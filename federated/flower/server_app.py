@@ -1,42 +1,44 @@
-"""The server side of ``--engine flower``: a dispatcher for our round loop, and a deployment's ServerApp.
+"""The server side of the Flower engine: a dispatcher for our round loop, and the app's ServerApp.
 
 :class:`FlowerDispatch` is what :func:`federated.rounds.train_round` calls to train a round's clients: one
-``train`` Flower message per selected client (see :mod:`.client_app`) sent through the ServerApp's Grid,
-and the replies turned back into :class:`federated.algorithms.ClientResult` objects in the round's order.
-Everything else (planning, aggregation with the algorithm's ``aggregate``, evaluation, metrics, checkpoints,
-``--resume``, tracking) is the in-process engine's code (Beutel et al. 2020 for Flower; McMahan et al. 2017,
-Algorithm 1 for the round).
+standard ``train`` Flower message per selected client (see :mod:`.client_app` for what it carries) pushed
+through the ServerApp's Grid, the replies matched to the messages by ``reply_to_message_id`` and turned
+back into :class:`federated.algorithms.ClientResult` objects in the round's order. Everything else
+(planning, aggregation with the algorithm's ``aggregate``, evaluation, metrics, checkpoints, ``--resume``)
+is the in-process engine's code (Beutel et al. 2020 for Flower; McMahan et al. 2017, Algorithm 1).
 
-The server holds the authoritative copy of every client's algorithm state (``algo.clients[i]``), updated
-from each reply and saved in ``state.pt`` with the round; the client works on the copy in its Flower Context,
-which this ServerApp run seeds with its first message to that client (needed after ``--resume``: Flower
-Contexts start empty in a new run).
+The server holds only server state: a client's algorithm state stays in its node's Flower Context, and the
+server keeps of it only whether the client has some (``algo.clients[i]`` is ``{"in-context": True}``), so
+that a Context found empty later (a new Flower run after ``--resume``, a restarted SuperNode) is named
+instead of silently restarted from zero.
 
-``app`` is the ServerApp of a deployment (``flwr run recipes/flower``; see recipes/flower_deploy.sh): it
-reads federate's flags from the run config ``federate`` and runs :func:`federated.runner.run` on the Grid.
+``app`` is the ServerApp of ``flwr run .`` (pyproject.toml ``[tool.flwr.app]``): it reads federate's
+settings from the typed run config (:mod:`.run_config`) and runs :func:`federated.runner.run` on the Grid.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import shlex
 import time
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from tqdm import tqdm
 
 from ..algorithms import ClientResult
-from ..experiment import FederateConfig
+from ..experiment import FederateConfig, RunOptions
 from ..local import DivergenceError
 from ..rounds import RoundPlan
+from ..runner import run
 from ..setup import Setup
 from . import FlowerError
-from .records import get_state, get_tree, put_state, put_tree
+from .records import get_tree, put_tree
+from .run_config import options_from_run_config
 
 NODE_WAIT_S = 600.0  # how long a deployment waits for its SuperNodes to connect
+PULL_S = 0.1  # between pulls for replies
+IN_CONTEXT = {"in-context": True}  # the server's record of a client whose state lives in its Context
 
 
 class FlowerDispatch:
@@ -44,80 +46,108 @@ class FlowerDispatch:
 
     def __init__(self, grid: Grid, device: str = "auto", wait_s: float = NODE_WAIT_S):
         self.grid, self.device, self.wait_s = grid, device, wait_s
-        self.nodes: dict[int, int] | None = None  # client id -> Flower node id
-        self.seeded: set[int] = set()  # clients whose Context holds the server's copy of their state
+        self.nodes: dict[int, int] = {}  # client id -> Flower node id
 
     def __call__(self, s: Setup, cfg: FederateConfig, plan: RoundPlan, device: torch.device,
                  bar: tqdm | None) -> tuple[list[ClientResult], list[float]]:
         nodes = self._nodes(cfg.clients)
         config = json.dumps(cfg.to_dict())
-        messages = [self._message(s, config, plan, i, nodes[c]) for i, c in enumerate(plan.selected)]
+        messages = [self._message(s, cfg, config, plan, i, nodes[c]) for i, c in enumerate(plan.selected)]
         if bar is not None:
             bar.set_postfix_str(f"{len(messages)} Flower clients")
-        replies = {r.metadata.src_node_id: r for r in self.grid.send_and_receive(messages)}
+        replies = self._exchange(messages)
+        lost = [c for c, r in zip(plan.selected, replies, strict=True)
+                if r is not None and not r.has_error() and _failed(r) == "lost"]
+        if lost:
+            raise FlowerError(f"client(s) {', '.join(map(str, lost))}: their {cfg.algo} state is gone from "
+                              f"their Flower Context (a new Flower run, e.g. after --resume, or a restarted "
+                              f"SuperNode); this run cannot continue them: start a new run")
         results, losses = [], []
-        for client in plan.selected:
-            result, loss = self._result(s, client, replies.get(nodes[client]), device)
+        for client, reply in zip(plan.selected, replies, strict=True):
+            result, loss = self._result(s, client, reply, device)
             results.append(result)
             losses.append(loss)
         return results, losses
 
-    def _message(self, s: Setup, config: str, plan: RoundPlan, i: int, node: int) -> Message:
+    def _message(self, s: Setup, cfg: FederateConfig, config: str, plan: RoundPlan, i: int,
+                 node: int) -> Message:
         client = plan.selected[i]
-        seed = client not in self.seeded
-        content = RecordDict({"job": ConfigRecord({"config": config, "rnd": plan.rnd, "lr": plan.lr,
-                                                   "client": client, "device": self.device, "seed": seed})})
-        put_state(content, "global", plan.global_state)
-        put_tree(content, "pools", {str(e): pool for e, pool in enumerate(plan.pools[i])})
-        put_tree(content, "server", s.algo.server)
-        if seed:
-            put_tree(content, "client", s.algo.clients[client])
+        content = RecordDict({
+            "arrays": ArrayRecord({k: v.detach().cpu() for k, v in plan.global_state.items()}),
+            "config": ConfigRecord({"server-round": plan.rnd + 1, "lr": plan.lr, "client": client,
+                                    "expect-state": bool(s.algo.clients[client]), "device": self.device,
+                                    "fpsfl-config": config})})
+        reads = {k: s.algo.server[k] for k in type(s.algo).client_reads if k in s.algo.server}
+        if reads:
+            put_tree(content, "fpsfl.server", reads)
+        pools, whole = plan.pools[i], s.parts[client]
+        if len(pools) != cfg.local_epochs or any(not torch.equal(p.cpu(), whole) for p in pools):
+            put_tree(content, "fpsfl.pools", {str(e): pool for e, pool in enumerate(pools)})
         return Message(content, dst_node_id=node, message_type="train")
+
+    def _exchange(self, messages: list[Message]) -> list[Message | None]:
+        """Each message's reply (None: none came), matched by ``reply_to_message_id``."""
+        ids = [str(i) for i in self.grid.push_messages(messages)]
+        replies: dict[str, Message] = {}
+        while len(replies) < len(ids):
+            for reply in self.grid.pull_messages([i for i in ids if i not in replies]):
+                replies[reply.metadata.reply_to_message_id] = reply
+            if len(replies) < len(ids):
+                time.sleep(PULL_S)
+        return [replies.get(i) for i in ids]
 
     def _result(self, s: Setup, client: int, reply: Message | None,
                 device: torch.device) -> tuple[ClientResult, float]:
-        """A client's reply as its ClientResult; its state and any new server state are kept here."""
+        """A client's reply as its ClientResult."""
         if reply is None:
             raise FlowerError(f"client {client}: no reply from its Flower node")
         if reply.has_error():
-            raise FlowerError(f"client {client}: its ClientApp failed: {reply.error.reason}")
-        if "failed" in reply.content:
-            failed = reply.content["failed"]
+            raise FlowerError(f"client {client}: its Flower node reported error {reply.error.code}: "
+                              f"{reply.error.reason}")
+        if _failed(reply):
+            failed = reply.content["fpsfl.failed"]
             error = DivergenceError if failed["kind"] == "diverged" else FlowerError
             raise error(str(failed["reason"]))
-        meta = reply.content["result"]
-        s.algo.clients[client] = get_tree(reply.content, "client")
-        self.seeded.add(client)
-        for key, value in get_tree(reply.content, "server_new", device).items():
-            s.algo.server.setdefault(key, value)
-        result = ClientResult(client, get_state(reply.content, "state", device), int(meta["n_samples"]),
-                              int(meta["steps"]), get_tree(reply.content, "extra", device))
-        return result, float(meta["loss"])
+        metrics = reply.content["metrics"]
+        if int(metrics["keeps-state"]):
+            s.algo.clients[client] = dict(IN_CONTEXT)
+        extra = get_tree(reply.content, "fpsfl.extra", device) if "fpsfl.extra" in reply.content else {}
+        state = {k: v.to(device) for k, v in reply.content["arrays"].to_torch_state_dict().items()}
+        return ClientResult(client, state, int(metrics["num-examples"]), int(metrics["steps"]), extra), \
+            float(metrics["train-loss"])
 
     def _nodes(self, clients: int) -> dict[int, int]:
-        """Client id -> node id, asked once of every connected node (its partition-id node config)."""
-        if self.nodes is not None:
-            return self.nodes
+        """Client id -> node id of the nodes online now: a node not seen before (a new or restarted
+        SuperNode) is asked its partition-id; one gone is forgotten."""
         deadline = time.monotonic() + self.wait_s
-        while len(ids := list(self.grid.get_node_ids())) < clients:
+        while len(ids := set(self.grid.get_node_ids())) < clients:
             if time.monotonic() > deadline:
                 raise FlowerError(f"{len(ids)} of {clients} Flower nodes connected after {self.wait_s:.0f} s")
             time.sleep(0.2)
-        queries = [Message(RecordDict(), dst_node_id=node, message_type="query") for node in ids]
-        nodes: dict[int, int] = {}
-        for reply in self.grid.send_and_receive(queries, timeout=self.wait_s):
-            if reply.has_error():
-                raise FlowerError(f"Flower node {reply.metadata.src_node_id}: {reply.error.reason}")
+        self.nodes = {c: n for c, n in self.nodes.items() if n in ids}
+        new = sorted(ids - set(self.nodes.values()))
+        queries = [Message(RecordDict(), dst_node_id=node, message_type="query") for node in new]
+        for node, reply in zip(new, self._exchange(queries) if queries else [], strict=True):
+            if reply is None or reply.has_error():
+                raise FlowerError(f"Flower node {node}: {reply.error.reason if reply else 'no reply'}")
             pid = int(reply.content["node"]["partition-id"])
-            if pid in nodes:
+            if pid in self.nodes:
                 raise FlowerError(f"two Flower nodes say they are client {pid} (partition-id)")
-            nodes[pid] = reply.metadata.src_node_id
-        missing = sorted(set(range(clients)) - set(nodes))
+            self.nodes[pid] = node
+        missing = sorted(set(range(clients)) - set(self.nodes))
         if missing:
             raise FlowerError(f"no Flower node serves client(s) {missing}: give each SuperNode "
                               f"--node-config 'partition-id=<0..{clients - 1}>'")
-        self.nodes = nodes
-        return nodes
+        return self.nodes
+
+
+def _failed(reply: Message) -> str:
+    return str(reply.content["fpsfl.failed"]["kind"]) if "fpsfl.failed" in reply.content else ""
+
+
+def serve(grid: Grid, cfg: FederateConfig, opts: RunOptions) -> list[dict]:
+    """federate's run with its clients behind ``grid``; its metrics rows."""
+    return run(cfg, opts, host=lambda _cfg, rounds: rounds(FlowerDispatch(grid, opts.device)))
 
 
 app = ServerApp()
@@ -125,10 +155,6 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """A deployment's ServerApp: ``federate`` with the flags of the run config ``federate`` (a string)."""
-    from ..cli import build_parser, options_from  # the CLI module needs this one's package only here
-    from ..runner import run
-
-    args = build_parser().parse_args(shlex.split(str(context.run_config.get("federate", ""))))
-    cfg, opts = options_from(args)
-    run(cfg, dataclasses.replace(opts, engine="flower"), dispatch=FlowerDispatch(grid, opts.device))
+    """The ServerApp of ``flwr run .``: federate with the settings of the Flower run config."""
+    cfg, opts = options_from_run_config(dict(context.run_config))
+    serve(grid, cfg, opts)

@@ -17,10 +17,10 @@ import pytest
 import torch
 from torch import nn
 
+from federated import flower, runner
 from federated.algorithms import ALGORITHMS, ClientResult
 from federated.cli import main
 from federated.experiment import FederateConfig, RunOptions
-from federated.runner import run
 
 TINY = dict(dataset="digits", clients=3, rounds=2, local_epochs=1, batch_size=32, width=0.25, alpha=1.0,
             seed=0, eval_local=False)
@@ -47,8 +47,9 @@ def one_thread():
 
 
 def _run(path, engine, algo, extra=None, **opts):
-    return run(FederateConfig(algo=algo, **{**TINY, **(extra or {})}),
-               RunOptions(out=path, device="cpu", progress=False, engine=engine, **opts))
+    return (flower.run if engine == "flower" else runner.run)(
+        FederateConfig(algo=algo, **{**TINY, **(extra or {})}),
+        RunOptions(out=path, device="cpu", progress=False, engine=engine, **opts))
 
 
 def _same_run(a, b):
@@ -76,15 +77,20 @@ def test_flower_simulation_equals_in_process(tmp_path, algo, extra, one_thread):
 
 
 @pytest.mark.slow  # two Flower simulations: about 70 s on the 2-core CPU VM
-def test_flower_resume_seeds_the_client_contexts(tmp_path, one_thread):
-    """A SCAFFOLD run stopped after round 1 and resumed: Flower's Contexts start empty in the new run, so
-    the server seeds each client's c_i from state.pt; the result is the uninterrupted in-process run's."""
+def test_flower_resume_names_the_clients_whose_context_is_gone(tmp_path, one_thread):
+    """A SCAFFOLD run stopped after round 1 and resumed: Flower's Contexts start empty in the new run and
+    c_i lives nowhere else (state.pt holds only server state), so the run stops with one line naming the
+    clients, and round 1 stays as it was."""
     _ray()
-    _run(tmp_path / "inprocess", "inprocess", "scaffold")
+    from federated.flower import FlowerError
+
     _run(tmp_path / "flower", "flower", "scaffold", stop_after=1)
-    assert not (tmp_path / "flower" / "final.pt").exists()
-    _run(tmp_path / "flower", "flower", "scaffold", resume=True)
-    _same_run(tmp_path / "inprocess", tmp_path / "flower")
+    state = torch.load(tmp_path / "flower" / "state.pt", weights_only=False)
+    assert state["algo"]["clients"] == [{"in-context": True}] * 3 and "c" in state["algo"]["server"]
+    with pytest.raises(FlowerError, match=r"client\(s\) 0, 1, 2: their scaffold state is gone") as info:
+        _run(tmp_path / "flower", "flower", "scaffold", resume=True)
+    assert "\n" not in str(info.value)
+    assert len((tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()) == 1
 
 
 # ---- Flower's own strategies as a peer oracle for our aggregation ----------------------------------
@@ -168,7 +174,7 @@ def test_records_carry_nested_state_bit_for_bit():
     _flower()
     from flwr.app import RecordDict
 
-    from federated.flower.records import get_state, get_tree, put_state, put_tree
+    from federated.flower.records import get_tree, put_tree
 
     conv = torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last)
     tree = {"c": {"conv.weight": conv, "n": torch.tensor(7)}, "empty": {}, "w": torch.rand(5).double(),
@@ -181,8 +187,6 @@ def test_records_carry_nested_state_bit_for_bit():
     assert back["w"].dtype == torch.float64 and torch.equal(back["w"], tree["w"])
     assert {k: back[k] for k in ("momentum", "steps", "name", "none", "flag")} == {
         "momentum": 0.9, "steps": 3, "name": "x", "none": None, "flag": True}
-    put_state(records, "s", {"a": conv, "b": torch.tensor(2)})
-    assert torch.equal(get_state(records, "s")["a"], conv)
     with pytest.raises(TypeError, match="t/model"):
         put_tree(records, "t", {"model": nn.Linear(1, 1)})
 
@@ -216,3 +220,61 @@ def test_help_does_not_import_flower():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          check=True).stdout
     assert out.splitlines()[-1].split() == ["LOADED"]
+
+
+# ---- what travels: the messages carry only what the algorithm's client needs -----------------------
+def _train_message(content, round_=1):
+    from flwr.app import Message, Metadata
+
+    meta = Metadata(run_id=1, message_id=f"m{round_}", src_node_id=0, dst_node_id=7, reply_to_message_id="",
+                    group_id="", created_at=0.0, ttl=60.0, message_type="train")
+    return Message(content=content, metadata=meta)
+
+
+def _server_message(s, cfg, rnd, expect_state):
+    """What FlowerDispatch sends client 0 in round ``rnd`` (all clients, no FedVC: no pools)."""
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    from federated.flower.records import put_tree
+
+    content = RecordDict({"arrays": ArrayRecord({k: v.detach() for k, v in s.model.state_dict().items()}),
+                          "config": ConfigRecord({"server-round": rnd + 1, "lr": 0.05, "client": 0,
+                                                  "expect-state": expect_state, "device": "cpu",
+                                                  "fpsfl-config": json.dumps(cfg.to_dict())})})
+    reads = {k: s.algo.server[k] for k in type(s.algo).client_reads if k in s.algo.server}
+    if reads:
+        put_tree(content, "fpsfl.server", reads)
+    return _train_message(content, rnd + 1)
+
+
+@pytest.mark.parametrize("algo,extra,kept", [("fedavg", {}, set()), ("scaffold", {}, {"c"}),
+                                             ("moon", {}, {"prev"}), ("feddyn", {}, {"g"}),
+                                             ("fedavg", {"bn": "local"}, {"bn"})])
+def test_the_client_state_stays_in_the_context(algo, extra, kept):
+    """The reply holds the local model, its metrics and the client step's payload only: the client's
+    state (SCAFFOLD's c_i, MOON's previous model, FedDyn's gradient, --bn local statistics) stays in the
+    node's Context; a later round with an empty Context says the state is lost."""
+    _flower()
+    from flwr.app import Context, RecordDict
+
+    from federated.flower.client_app import STATE, train
+    from federated.setup import setup
+
+    cfg = FederateConfig(algo=algo, **{**TINY, **extra})
+    s = setup(cfg, torch.device("cpu"))
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    reply = train(_server_message(s, cfg, 0, False), context)
+    payload = {"scaffold": {"fpsfl.extra", "fpsfl.extra.arrays"}}.get(algo, set())
+    assert set(reply.content) == {"arrays", "metrics"} | payload
+    metrics = reply.content["metrics"]
+    assert metrics["num-examples"] == len(s.parts[0]) and metrics["keeps-state"] == int(bool(kept))
+    assert set(reply.content["arrays"]) == set(s.model.state_dict())
+    if kept:
+        from federated.flower.records import get_tree
+
+        assert set(get_tree(context.state, STATE)) >= kept
+        lost = train(_server_message(s, cfg, 1, True), Context(run_id=2, node_id=7, node_config={
+            "partition-id": 0}, state=RecordDict(), run_config={}))
+        assert lost.content["fpsfl.failed"]["kind"] == "lost"
+    else:
+        assert STATE not in context.state
