@@ -98,8 +98,8 @@ def _patch_and_seed(j, st, prm, work):
 @nb.njit(inline="always")
 def _rasterise(j, r, prm, work):
     """Render instance j at r x r px: chaos game and patch into its hit counts work[1][j], peak work[2][j]."""
-    work[2][j] = chaos_game(work[11][j], work[13][j], work[14][j], prm.n_steps, work[18][j], r, prm.stretch,
-                            work[0], work[19], work[15][j], work[1][j])
+    work[2][j] = chaos_game(work[11][j], work[13][j], work[14][j], prm.n_steps, prm.burn_in, work[18][j], r,
+                            prm.stretch, work[0], work[19], work[15][j], work[1][j])
 
 
 @nb.njit(inline="always")

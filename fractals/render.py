@@ -141,18 +141,27 @@ def _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy):
 
 
 @nb.njit(cache=True)
-def chaos_points(maps, lut, starts, n_steps, seed, xs, ys):
-    """Run the chains from ``seed``: point i * CHAINS + c is chain c after step i + 1, into xs, ys (>= n_steps
-    * CHAINS float64 each). Returns the points' bounding box (x0, x1, y0, y1)."""
+def chaos_points(maps, lut, starts, n_steps, burn, seed, xs, ys):
+    """Run the chains from ``seed``: point i * CHAINS + c is chain c after step burn + i + 1, into xs, ys
+    (>= n_steps * CHAINS float64 each). Returns the points' bounding box (x0, x1, y0, y1).
+
+    Chains 1.. first run ``burn`` unrecorded steps while chain 0 is put back on its start, so that, as in the
+    official generator's single chain, one chain's first points stay near the fixed point it starts on (a
+    chain needs a few dozen steps to leave it; four fresh starts would show that cluster four times).
+    """
     st = np.full(1, seed, np.uint64)
     ax, ay, bx, by = starts[0, 0], starts[0, 1], starts[1, 0], starts[1, 1]
     cx, cy, dx, dy = starts[2, 0], starts[2, 1], starts[3, 0], starts[3, 1]
     x0, x1, y0, y1 = np.inf, -np.inf, np.inf, -np.inf
     z = np.uint64(0)
-    for i in range(n_steps):
+    for i in range(burn):
+        z = next_u64(st) if i % 2 == 0 else z >> np.uint64(32)
+        ax, ay, bx, by, cx, cy, dx, dy = _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy)
+    ax, ay = starts[0, 0], starts[0, 1]
+    for i in range(burn, burn + n_steps):
         z = next_u64(st) if i % 2 == 0 else z >> np.uint64(32)  # one draw serves two steps
         ax, ay, bx, by, cx, cy, dx, dy = _step4(maps, lut, z, ax, ay, bx, by, cx, cy, dx, dy)
-        k = np.uint64(CHAINS * i)
+        k = np.uint64(CHAINS * (i - burn))
         xs[k], xs[k + 1], xs[k + 2], xs[k + 3] = ax, bx, cx, dx
         ys[k], ys[k + 1], ys[k + 2], ys[k + 3] = ay, by, cy, dy
     for i in range(CHAINS * n_steps):  # the box afterwards, off the chains' critical path; this vectorises
@@ -241,13 +250,14 @@ def splat_gather(hits, res, patch, counts):
 
 
 @nb.njit(cache=True)
-def chaos_game(maps, lut, starts, n_steps, seed, res, stretch, hits, points, patch, counts):
-    """Render one instance into ``counts`` (res, res) int32: the chains' points into the scratch ``points``
+def chaos_game(maps, lut, starts, n_steps, burn, seed, res, stretch, hits, points, patch, counts):
+    """Render one instance into ``counts`` (res, res) int32: the chains' points (:func:`chaos_points`, after
+    ``burn`` steps) into the scratch ``points``
     (2, >= n_steps * CHAINS) float64 with their bounding box, rasterisation into the scratch ``hits``
     (>= (res + 2)^2 int32, zeroed here), then the 3x3 ``patch`` stamped at every point (patch[1, 1] alone:
     plain pixels; no cell set: nothing). Returns the peak count (0: empty)."""
     xs, ys = points[0], points[1]
-    bbox = chaos_points(maps, lut, starts, n_steps, seed, xs, ys)
+    bbox = chaos_points(maps, lut, starts, n_steps, burn, seed, xs, ys)
     canvas = hits[: (res + 2) * (res + 2)].reshape(res + 2, res + 2)
     if not (np.isfinite(bbox[0]) and np.isfinite(bbox[1]) and np.isfinite(bbox[2]) and np.isfinite(bbox[3])):
         counts[:res, :res] = 0  # a diverging code (not from our sampler) renders empty, not out of bounds

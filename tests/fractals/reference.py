@@ -8,23 +8,27 @@ from matplotlib.colors import hsv_to_rgb
 CHAINS = 4
 
 
-def chaos_points(maps: np.ndarray, starts: np.ndarray, choices: np.ndarray) -> np.ndarray:
-    """All points (n_steps * CHAINS, 2) visited by CHAINS chains that apply maps[choices[i, c]] at step i."""
+def chaos_points(maps: np.ndarray, starts: np.ndarray, choices: np.ndarray, burn: int = 0) -> np.ndarray:
+    """The points ((n_steps - burn) * CHAINS, 2) visited by CHAINS chains that apply maps[choices[i, c]] at
+    step i, counted from step ``burn`` on, where chain 0 is put back on its start."""
     x, y = starts[:, 0].copy(), starts[:, 1].copy()
     points = []
-    for step in choices:
+    for i, step in enumerate(choices):
+        if i == burn:
+            x[0], y[0] = starts[0]
         m = maps[step]  # (CHAINS, 6)
         x, y = m[:, 0] * x + m[:, 1] * y + m[:, 4], m[:, 2] * x + m[:, 3] * y + m[:, 5]
-        points.append(np.stack([x, y], 1))
+        if i >= burn:
+            points.append(np.stack([x, y], 1))
     return np.concatenate(points)
 
 
-def chaos_canvas(maps, starts, choices, res, patch, stretch=False) -> tuple[np.ndarray, tuple]:
+def chaos_canvas(maps, starts, choices, res, patch, stretch=False, burn=0) -> tuple[np.ndarray, tuple]:
     """Reference rasterisation: hit counts (res, res) of every point stamping the set cells of ``patch``
     (stamps off the canvas dropped) and the bounding box. ``stretch``: each side of the box spans the canvas
     and coordinates are floored (the official generator); else the longer side does, the shorter is centred,
     and coordinates are rounded."""
-    pts = chaos_points(maps, starts, choices)
+    pts = chaos_points(maps, starts, choices, burn)
     x0, y0 = pts.min(0)
     x1, y1 = pts.max(0)
     if stretch:

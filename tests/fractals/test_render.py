@@ -28,32 +28,43 @@ def _patch(cells):
     return patch
 
 
-def _game(maps, lut, starts, steps, seed, res, patch, stretch=False):
+def _game(maps, lut, starts, steps, seed, res, patch, stretch=False, burn=0):
     hits = np.full((res + 2) ** 2 + 5, 7, np.int32)  # scratch: chaos_game must clear what it uses
     counts = np.full((res, res), -1, np.int32)  # every count is written (no zeroing needed)
     points = np.empty((2, steps * R.CHAINS))
-    peak = R.chaos_game(maps, lut, starts, steps, seed, res, stretch, hits, points, patch, counts)
+    peak = R.chaos_game(maps, lut, starts, steps, burn, seed, res, stretch, hits, points, patch, counts)
     return counts, peak
 
 
 @pytest.mark.parametrize("code", [0, 1, 2, 3, 57, 399])
 @pytest.mark.parametrize(("res", "steps"), [(20, 250), (33, 101), (112, 2000)])
 @pytest.mark.parametrize("cells", [[4], [1, 3, 4, 5, 7], list(range(9)), [0, 8], []])
-@pytest.mark.parametrize("stretch", [False, True])
-def test_kernel_matches_numpy_reference_exactly(bank, code, res, steps, cells, stretch):
+@pytest.mark.parametrize(("stretch", "burn"), [(False, 0), (True, 0), (True, 32), (False, 7)])
+def test_kernel_matches_numpy_reference_exactly(bank, code, res, steps, cells, stretch, burn):
     maps, lut, starts = _prepare(bank, code)
     seed = np.uint64(1234 + code)
     patch = _patch(cells)
-    counts, peak = _game(maps, lut, starts, steps, seed, res, patch, stretch)
-    choices = R.map_choices(lut, steps, seed)
-    expected, expected_bbox = ref.chaos_canvas(maps, starts, choices, res, patch, stretch)
+    counts, peak = _game(maps, lut, starts, steps, seed, res, patch, stretch, burn)
+    choices = R.map_choices(lut, burn + steps, seed)
+    expected, expected_bbox = ref.chaos_canvas(maps, starts, choices, res, patch, stretch, burn)
     xs, ys = np.empty(steps * R.CHAINS), np.empty(steps * R.CHAINS)
-    assert R.chaos_points(maps, lut, starts, steps, seed, xs, ys) == expected_bbox
-    np.testing.assert_array_equal(np.stack([xs, ys], 1), ref.chaos_points(maps, starts, choices))
+    assert R.chaos_points(maps, lut, starts, steps, burn, seed, xs, ys) == expected_bbox
+    np.testing.assert_array_equal(np.stack([xs, ys], 1), ref.chaos_points(maps, starts, choices, burn))
     np.testing.assert_array_equal(counts, expected)
     assert peak == expected.max()
     if cells == [4]:
         assert counts.sum() == steps * R.CHAINS  # single pixels: every point lands on the canvas
+
+
+def test_burn_in_leaves_one_chain_on_its_start(bank):
+    """Chain 0's first point is one step from its start; the other chains' are burn steps away."""
+    maps, lut, starts = _prepare(bank, 1)
+    xs, ys = np.empty(400), np.empty(400)
+    R.chaos_points(maps, lut, starts, 100, 32, np.uint64(5), xs, ys)
+    choice = R.map_choices(lut, 33, np.uint64(5))[32, 0]
+    m = maps[choice]
+    x, y = starts[0]
+    np.testing.assert_allclose([xs[0], ys[0]], [m[0] * x + m[1] * y + m[4], m[2] * x + m[3] * y + m[5]])
 
 
 def test_points_fill_the_canvas_box(bank):
