@@ -27,7 +27,7 @@ from .experiment import FederateConfig, RunOptions
 from .initialisation import check_init, init_sha256, pretraining_size
 from .local import DivergenceError, make_optimizer
 from .oracle.tracking import Tracker
-from .rounds import Dispatch, centralized_round, client_batch, train_round
+from .rounds import Dispatch, centralized_round, check_client_batch, client_batch, train_round
 from .setup import Setup, setup, write_partition
 
 FINAL_FORMAT = "fpsfl-federated/1"
@@ -49,6 +49,8 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
         raise ValueError(f"--engine {opts.engine} runs through its own front door (federate's CLI, or "
                          f"federated.flower.run), not federated.runner.run")
     device = resolve_device(opts.device)
+    if opts.engine == "inprocess":
+        check_client_batch(cfg, device)  # before anything is written
     rundir = RunDir(opts.out)
     with rundir.session(opts.resume):  # before the (slow) data loading, and before anything is written
         if opts.resume:
