@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# federate --engine flower across machines (Flower, Beutel et al. 2020), shown on one: a SuperLink, one
-# SuperNode per client and `flwr run` of the Flower app in recipes/flower, all on 127.0.0.1 without TLS.
-# The ServerApp runs federate's round loop and writes the run directory OUT; SuperNode i is client i and
-# trains on its own partition only (node config partition-id=i, data-root=$DATA_ROOT when set).
-# Usage: bash recipes/flower_deploy.sh OUT [federate flags]   (the fpsfl venv active, pip install -e ".[flower]")
-#   CLIENTS=2 bash recipes/flower_deploy.sh runs/flower-digits --rounds 1 --local-epochs 1
+# The fpsfl Flower app (pyproject.toml [tool.flwr.app]) across machines (Flower, Beutel et al. 2020), shown on
+# one: a SuperLink, one SuperNode per client and `flwr run .`, all on 127.0.0.1 without TLS. The ServerApp
+# runs federate's round loop and writes the run directory OUT; SuperNode i is client i and trains on its own
+# partition only (node config partition-id=i, data-root=$DATA_ROOT when set).
+# Usage: bash recipes/flower_deploy.sh OUT [run-config entries]   (the fpsfl venv active, pip install -e
+#   ".[flower]"); the entries are the app's typed keys, e.g.
+#   CLIENTS=2 bash recipes/flower_deploy.sh runs/flower-digits num-server-rounds=1 local-epochs=1 "algo='moon'"
 # On real machines, the same commands with the SuperLink's address (and TLS certificates, not --insecure):
 #   A:       flower-superlink --insecure --host 0.0.0.0 --port 9093 --disable-runtime-dependency-installation
 #   client i: flower-supernode --insecure --superlink A:9093 --node-config "partition-id=i data-root='/data'"
-#   anywhere: flwr run recipes/flower <connection> --run-config 'federate="--clients N ... --out /abs/run"'
+#   anywhere: flwr run . <connection> --run-config "clients=N out='/abs/run' ..."
 #   (<connection>: [superlink.<connection>] address = "A:9093", insecure = true in $FLWR_HOME/config.toml)
 set -euo pipefail
-[ $# -ge 1 ] || { echo "usage: $0 OUT [federate flags]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUT [run-config entries]" >&2; exit 2; }
 OUT=$(realpath -m "$1"); shift
 CLIENTS=${CLIENTS:-2}
 TIMEOUT=${TIMEOUT:-1800}  # s for the whole run
-HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-$(mktemp -d)}  # logs, and FLWR_HOME: Flower's config and installed apps, kept out of ~/.flwr
 export FLWR_HOME="$work/flwr"
 mkdir -p "$FLWR_HOME"
@@ -59,8 +60,7 @@ for ((i = 0; i < CLIENTS; i++)); do
         > "$work/supernode$i.log" 2>&1 &
     pids+=($!)
 done
-flags="--clients $CLIENTS --out $OUT --quiet $*"  # one TOML string: no spaces or quotes inside values
-timeout "$TIMEOUT" flwr run "$HERE/flower" loopback --stream --run-config "federate=\"$flags\"" \
+timeout "$TIMEOUT" flwr run "$ROOT" loopback --stream --run-config "clients=$CLIENTS out='$OUT' $*" \
     > "$work/flwr-run.log" 2>&1 || true
 if [ ! -f "$OUT/final.pt" ]; then  # the ServerApp writes final.pt after its last round
     tail -n 40 "$work"/*.log >&2

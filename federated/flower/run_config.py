@@ -45,6 +45,8 @@ def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig,
             values[name] = coerce(key, value, cfg_types[name])
         elif name in partition:
             values[name] = coerce(key, value, _kind(partition[name]))
+        elif name == "out":
+            run["out"] = Path(str(value)).expanduser()
         elif name in run_types:
             run[name] = coerce(key, value, run_types[name])
         else:

@@ -278,3 +278,40 @@ def test_the_client_state_stays_in_the_context(algo, extra, kept):
         assert lost.content["fpsfl.failed"]["kind"] == "lost"
     else:
         assert STATE not in context.state
+
+
+# ---- the Flower app's typed run config (pyproject.toml [tool.flwr.app.config]) ----------------------
+def _app_config():
+    from pathlib import Path
+
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    return tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]
+
+
+def test_the_apps_run_config_defaults_are_federates():
+    from federated.cli import build_parser, options_from
+    from federated.flower.run_config import options_from_run_config
+
+    app = _app_config()
+    assert app["components"] == {"serverapp": "federated.flower.server_app:app",
+                                 "clientapp": "federated.flower.client_app:app"}
+    cfg, opts = options_from_run_config(app["config"])
+    assert cfg == options_from(build_parser().parse_args([]))[0]
+    assert opts.engine == "flower" and not opts.resume
+
+
+def test_run_config_overrides_are_typed_and_round_trip():
+    from federated.flower.run_config import options_from_run_config, run_config_of
+
+    config = {**_app_config()["config"], "algo": "scaffold", "alpha": 0.1, "num-server-rounds": 2,
+              "lr": 0.05, "set": "steps=plain", "out": "/tmp/r"}
+    cfg, opts = options_from_run_config(config)
+    assert (cfg.algo, cfg.alpha, cfg.rounds, cfg.lr, cfg.algo_config().steps) == ("scaffold", 0.1, 2, 0.05,
+                                                                                   "plain")
+    assert options_from_run_config(run_config_of(cfg, opts)) == (cfg, opts)
+    with pytest.raises(ValueError, match="unknown key 'rounds-x'"):
+        options_from_run_config({"rounds-x": 1})
+    with pytest.raises(ValueError, match="local-epochs"):
+        options_from_run_config({"local-epochs": "many"})

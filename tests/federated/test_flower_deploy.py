@@ -1,7 +1,8 @@
 """A Flower deployment on loopback (recipes/flower_deploy.sh): a SuperLink and two SuperNodes as separate
-processes on 127.0.0.1 (free ports, no TLS), and ``flwr run`` of recipes/flower, whose ServerApp runs one
-FedAvg round of federate on digits. Slow: every Flower process and every ClientApp process starts Python
-and torch. Bounded in time, and every process it started is stopped even when it fails."""
+processes on 127.0.0.1 (free ports, no TLS), and ``flwr run`` of the repository's Flower app (pyproject.toml
+[tool.flwr.app]), whose ServerApp runs one FedAvg round of federate on digits. Slow: every Flower process
+and every ClientApp process starts Python and torch. Bounded in time, and every process it started is
+stopped even when it fails."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def test_loopback_deployment_runs_a_fedavg_round(tmp_path):
     work = tmp_path / "flower"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "CLIENTS": "2", "TIMEOUT": str(LIMIT_S - 60), "WORK": str(work), "OMP_NUM_THREADS": "1"}
-    cmd = ["bash", str(RECIPE), str(tmp_path / "run"), "--algo", "fedavg", "--rounds", "1", "--local-epochs",
-           "1", "--width", "0.25", "--device", "cpu", "--no-eval-local"]
+    cmd = ["bash", str(RECIPE), str(tmp_path / "run"), "algo='fedavg'", "num-server-rounds=1",
+           "local-epochs=1", "width=0.25", "device='cpu'", "eval-local=false"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
