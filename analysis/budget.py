@@ -26,7 +26,7 @@ from fpsfl.base.checkpoint import load_checkpoint
 from fpsfl.base.device import resolve_device
 
 from .output import new_figure, output_dir, save_figure, write_json
-from .probe import probe_checkpoint, probe_data
+from .probe import check_checkpoints, probe_checkpoint, probe_data
 from .runs import AnalysisError, Run, load_runs
 
 SIGNALS = ("rankme", "z_std")  # the run's own per-epoch quality signals drawn beside the probes
@@ -136,8 +136,9 @@ def _text(values: list[float], scale: float = 100) -> str:
 
 def cmd_budget(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs) if args.runs else []
+    check_checkpoints(args.checkpoints)
     data = probe_data(args.dataset, args.data_root, args.seed)
-    out = output_dir(args.out, [])
+    out = output_dir(args.out, runs, args.checkpoints)
     result = budget_points(args.checkpoints, runs, data, args.device, args.seed, args.input_size)
     result["dataset"] = args.dataset
     plot_budget(result, out / "budget.png", args.dataset)
@@ -167,5 +168,6 @@ def register(sub) -> None:
                    "pre-training size)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random-init probe baseline (default 0)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    p.add_argument("--out", help="output folder (default ./analysis)")
+    p.add_argument("--out", help="output folder (default: analysis/ in the common parent of the "
+                   "checkpoints and runs)")
     p.set_defaults(run=cmd_budget)

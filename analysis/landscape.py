@@ -37,7 +37,7 @@ from federated.oracle.combine import State
 from federated.oracle.evaluate import Evaluator
 from fpsfl.base.cli import UsageError, positive
 
-from .output import new_figure, output_dir, save_figure, write_json
+from .output import OUT_HELP, new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild
 
 PLANES = ("anchors", "pca", "random")
@@ -325,5 +325,5 @@ def register(sub) -> None:
     p.add_argument("--bn-recompute", action="store_true",
                    help="re-estimate BatchNorm statistics on the training subset at every point")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--out", default=None, help="output folder (default RUN/figures for one run, ./analysis)")
+    p.add_argument("--out", default=None, help=OUT_HELP)
     p.set_defaults(run=run_landscape)

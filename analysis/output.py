@@ -1,31 +1,52 @@
 """Where analyses write: PNG figures (matplotlib, Agg) and JSON beside them.
 
-With one run the default output folder is ``RUN/figures``; with several it is ``./analysis``. Figures are
-FIGSIZE inches at DPI, so every PNG has a known pixel size (tests check it).
+The default output folder lies beside the inputs, never in the working directory (from a clone's root,
+``./analysis`` is this package): ``RUN/figures`` for one run, ``<their common parent>/analysis`` for several
+runs or for checkpoints. Figures are FIGSIZE inches at DPI, so every PNG has a known pixel size (tests
+check it).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 
-from fpsfl.base.cli import writable_dir
+from fpsfl.base.cli import UsageError, writable_dir
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+OUT_HELP = "output folder (default RUN/figures for one run, else analysis/ in the runs' common parent)"
 FIGSIZE = (6.0, 4.0)  # inches
 DPI = 100  # so a figure is 600 x 400 px
 
 
-def output_dir(out: str | None, runs: list) -> Path:
-    """``out`` if given, else RUN/figures for one run, else ./analysis; created and checked writable."""
-    path = Path(out) if out else (runs[0].path / "figures" if len(runs) == 1 else Path("analysis"))
-    return writable_dir(path)
+def output_dir(out: str | None, runs: list, inputs: list[str | Path] = ()) -> Path:
+    """``out`` if given, else RUN/figures for one run, else ``<common parent>/analysis`` of the runs'
+    folders or of ``inputs`` (checkpoint files); created and checked writable. Call it once the inputs
+    are checked: a command that fails on its input leaves no folder behind."""
+    if out:
+        return writable_dir(Path(out))
+    if len(runs) == 1 and not inputs:
+        return writable_dir(runs[0].path / "figures")
+    return writable_dir(default_dir([run.path for run in runs] + [Path(p).parent for p in inputs]))
+
+
+def default_dir(folders: list[Path]) -> Path:
+    """``<common parent of folders>/analysis``; refused when that is a Python package (a clone's root)."""
+    if not folders:
+        raise UsageError("no input to put the output beside; give --out")
+    parent = Path(os.path.commonpath([f.resolve() for f in folders]))
+    path = parent / "analysis"
+    if (path / "__init__.py").exists():
+        raise UsageError(f"the default output folder {path} is a Python package (the runs' common parent "
+                         f"{parent} looks like a source tree); give --out")
+    return path
 
 
 def new_figure(ncols: int = 1):

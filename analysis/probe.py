@@ -15,11 +15,11 @@ import torch
 
 from federated.datasets import DataConfig, load_dataset
 from fpsfl.base.checkpoint import load_backbone_weights, load_checkpoint
-from fpsfl.base.cli import writable_dir
 from fpsfl.base.device import resolve_device
 from pretrain.backbones import create_backbone
 from pretrain.probe import ProbeData, probe
 
+from .output import output_dir
 from .runs import AnalysisError
 
 
@@ -45,10 +45,17 @@ def probe_checkpoint(path: str, data: ProbeData, input_size: int | None, device:
             "probe": probe(trained.to(device), data, size), "random_init": probe(random, data, size)}
 
 
+def check_checkpoints(paths: list[str]) -> None:
+    """Every checkpoint loads (CheckpointError names the first that does not), before anything is written."""
+    for path in paths:
+        load_checkpoint(path)
+
+
 def cmd_probe(args: argparse.Namespace) -> None:
-    out = writable_dir(Path(args.out or "analysis"))
+    check_checkpoints(args.checkpoints)
     device = resolve_device(args.device)
     data = probe_data(args.dataset, args.data_root, args.seed)
+    out = output_dir(args.out, [], args.checkpoints)
     rows = [probe_checkpoint(p, data, args.input_size, device, args.seed) for p in args.checkpoints]
     print(f"{'checkpoint':40s} {'kNN':>7s} {'linear':>7s}   random init: {'kNN':>7s} {'linear':>7s}")
     for r in rows:
@@ -71,5 +78,5 @@ def register(sub) -> None:
                    "pre-training size)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random-init baseline (default 0)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    p.add_argument("--out", help="output folder for probe.json (default ./analysis)")
+    p.add_argument("--out", help="output folder for probe.json (default: analysis/ beside the checkpoints)")
     p.set_defaults(run=cmd_probe)

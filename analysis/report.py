@@ -20,7 +20,7 @@ import numpy as np
 
 from federated.partitions import headline, headlines
 
-from .output import output_dir, write_json
+from .output import OUT_HELP, output_dir, write_json
 from .runs import AnalysisError, Run, load_runs
 
 MISSING = "–"
@@ -228,5 +228,5 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="federate run directories, federated and centralised (--centralized)")
-    p.add_argument("--out", default=None, help="output folder (default RUN/figures for one run, ./analysis)")
+    p.add_argument("--out", default=None, help=OUT_HELP)
     p.set_defaults(run=run_report)

@@ -18,7 +18,7 @@ from federated.experiment import FederateConfig
 from federated.setup import Setup, setup
 from fpsfl.base.checkpoint import load_weights_only
 from fpsfl.base.device import resolve_device
-from fpsfl.base.rundir import read_jsonl
+from fpsfl.base.rundir import missing_steps, read_jsonl, step_ranges
 
 
 class AnalysisError(ValueError):
@@ -84,7 +84,24 @@ def load_run(path: str | Path) -> Run:
     metrics, _ = read_jsonl(metrics_path, AnalysisError)  # a torn last line (a crashed run) is left out
     if not metrics:
         raise AnalysisError(f"{path}: no finished round in metrics.jsonl; run or resume it first")
+    missing = missing_steps(metrics, _rounds_done(path, metrics))
+    if missing:  # a finished run whose last line was torn, or a line lost: never read as a shorter run
+        raise AnalysisError(f"{metrics_path} has no line for round(s) {step_ranges(missing)} of a run that "
+                            f"finished them; their metrics are lost: re-run federate into a new directory")
     return Run(path, path.name, config, metrics)
+
+
+def _rounds_done(path: Path, metrics: list[dict]) -> int:
+    """The rounds the run finished: those of the config final.pt was written with (only once its last round
+    was), else the last round logged."""
+    final = path / "final.pt"
+    if final.is_file():
+        record = load_weights_only(final, "final model (final.pt)", AnalysisError)
+        try:
+            return int(record["config"]["federate"]["rounds"])
+        except (KeyError, TypeError, ValueError):
+            raise AnalysisError(f"{final} has no federate config; re-run federate") from None
+    return max(int(r["round"]) for r in metrics)
 
 
 def load_runs(paths: list[str]) -> list[Run]:

@@ -15,7 +15,7 @@ import numpy as np
 from federated.oracle.tracking import SEARCH, TrackConfig, Tracker
 from fpsfl.base.cli import add_settings, settings_from
 
-from .output import new_figure, output_dir, save_figure, write_json
+from .output import OUT_HELP, new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild
 
 
@@ -119,7 +119,7 @@ def cmd_variance(args: argparse.Namespace) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="*", metavar="RUN", help="federate run directories (drawn on one figure)")
-    p.add_argument("--out", help="output folder (default RUN/figures for one run, else ./analysis)")
+    p.add_argument("--out", help=OUT_HELP)
     p.add_argument("--device", default="auto",
                    help="for runs analysed from saved client models (default auto)")
     group = p.add_argument_group("for runs analysed from saved client models (--save-local-models) rather "
