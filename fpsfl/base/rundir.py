@@ -194,7 +194,16 @@ class RunDir:
         state = load_weights_only(self.state_path, "run state (state.pt)", RunDirError)
         if not isinstance(state, dict) or "done" not in state:
             raise RunDirError(f"{self.state_path} is not a valid run state (state.pt); start a new run")
-        self._truncate_metrics(int(state["done"]))
+        done = int(state["done"])
+        rows, torn = read_jsonl(self.metrics_path)
+        missing = missing_steps(rows, done)
+        if missing:  # a torn or lost line of a round the state counts: its metrics cannot be recovered
+            unit = "round" if "federate" in saved else "epoch"
+            raise RunDirError(f"--resume: {self.metrics_path} has no line for {unit}(s) "
+                              f"{step_ranges(missing)}, which {self.state_path.name} counts as done ("
+                              f"{'its last line is torn' if torn else 'a line was lost'}); their metrics "
+                              f"are lost: start a new run")
+        self._truncate_metrics(rows, torn, done)
         return state
 
     def save_state(self, state: dict) -> None:
@@ -224,12 +233,11 @@ class RunDir:
         rows = self.metrics()
         return rows[-1] if rows else {}
 
-    def _truncate_metrics(self, done: int) -> None:
-        rows, torn = read_jsonl(self.metrics_path)
+    def _truncate_metrics(self, rows: list[dict], torn: bool, done: int) -> None:
         if torn:
             print(f"note: dropped the torn last line of {self.metrics_path} (a crash while it was written)",
                   file=sys.stderr)
-        rows = [r for r in rows if r.get("epoch", r.get("round", 0)) <= done]
+        rows = [r for r in rows if _step(r) <= done]
         self._write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
 
     @staticmethod
@@ -237,6 +245,27 @@ class RunDir:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
+
+
+def _step(row: dict) -> int:
+    """The epoch (pretrain) or round (federate) a metrics line records, 1-based."""
+    return int(row.get("epoch", row.get("round", 0)))
+
+
+def missing_steps(rows: list[dict], done: int) -> list[int]:
+    """The epochs or rounds 1..``done`` that no metrics line records."""
+    return sorted(set(range(1, done + 1)) - {_step(r) for r in rows})
+
+
+def step_ranges(steps: list[int]) -> str:
+    """[3] -> "3", [2, 3, 4, 7] -> "2-4, 7"."""
+    parts, start = [], None
+    for i, n in enumerate(steps):
+        start = n if start is None else start
+        if i + 1 == len(steps) or steps[i + 1] != n + 1:
+            parts.append(str(n) if n == start else f"{start}-{n}")
+            start = None
+    return ", ".join(parts)
 
 
 def _crash_point() -> tuple[str, int] | None:
