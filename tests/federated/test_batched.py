@@ -11,6 +11,7 @@ own, which a few steps amplify as well. Any K gives the same run to the same bou
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ import torch
 
 from federated.algorithms import ALGORITHMS
 from federated.batched import StackedOptimizer, evaluate_batched
+from federated.datasets import DATASETS, ImageData
+from federated.experiment import FederateConfig
 from federated.rounds import client_batch, train_round
 from federated.setup import setup
 from fpsfl.base.rundir import RunDir
@@ -34,9 +37,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _round(tmp_path, cfg, k, name, rounds=1, dtype=torch.float32):
+def _round(tmp_path, cfg, k, name, rounds=1, dtype=torch.float32, data=None):
     cfg = cfg.__class__(**{**_fields(cfg), "client_batch": k})
-    s = setup(cfg, CPU, synthetic(n_train=120))
+    s = setup(cfg, CPU, data or synthetic(n_train=120))
     if dtype != torch.float32:  # the whole computation in dtype: model, inputs
         s.model.to(dtype)
         for name_ in ("train_inputs", "eval_inputs"):
@@ -138,3 +141,43 @@ def test_auto_is_all_clients_on_a_gpu_and_one_on_a_cpu():
     assert client_batch(_cfg("fedavg"), s.task, CPU, 10) == (1, "")
     assert client_batch(_cfg("fedavg"), s.task, torch.device("cuda"), 10) == (10, "")
     assert client_batch(_cfg("fedavg", client_batch=4), s.task, CPU, 3) == (3, "")
+
+
+# Issue 24: the demo's setting and every registered dataset's default setting (its partition, architecture,
+# Table-9 preset, flips and augmentation path), at a tiny scale: 120 synthetic images (one or two steps a
+# client: longer local training amplifies float32 rounding chaotically, see README: Vectorised clients),
+# ResNet20 at width 0.25, 3 rounds; 224-px datasets at 24 px (a random-resized crop from 16 px, as from
+# their 64 px store) with ResNet20 for their ResNet18 (which has no width: minutes a run in float64).
+DEMO = dict(dataset="digits", partition="dirichlet", alpha=0.3, clients=10, local_epochs=1, algo="fedavg")
+TINY = {name: dict(dataset=name, clients=10, local_epochs=1, min_size=4, width=0.25)
+        | (dict(input_size=24, arch="resnet20") if DATASETS[name].input_size > 32 else {})
+        for name in DATASETS if DATASETS[name].task == "classification"}
+
+
+def _tiny_data(cfg) -> ImageData:
+    data = synthetic(n_train=120, seed=1)
+    natural = torch.arange(len(data.train_y)) % cfg.clients  # for datasets with given clients (inat-geo)
+    return dataclasses.replace(data, hflip=DATASETS[cfg.dataset].hflip,
+                               clients=natural if cfg.partition == "natural" else None)
+
+
+def _engines_agree(tmp_path, values: dict) -> None:
+    cfg = FederateConfig(**{"rounds": 3, "eval_local": True, **values})
+    runs = {}
+    for dtype in (torch.float64, torch.float32):
+        for k in (1, cfg.clients):
+            runs[dtype, k] = _round(tmp_path, cfg, k, f"{dtype}-{k}", rounds=3, dtype=dtype, data=_tiny_data(cfg))
+    _close(runs[torch.float64, 1][0], runs[torch.float64, cfg.clients][0], rel=1e-10)
+    _close(runs[torch.float32, 1][0], runs[torch.float32, cfg.clients][0], rel=1e-4)
+    _same_metrics(runs[torch.float32, 1][1], runs[torch.float32, cfg.clients][1])
+
+
+@pytest.mark.slow
+def test_the_demo_setting_at_a_tiny_scale(tmp_path, one_thread):
+    _engines_agree(tmp_path, DEMO | dict(min_size=4, width=0.25))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_every_dataset_default_setting_at_a_tiny_scale(tmp_path, name, one_thread):
+    _engines_agree(tmp_path, TINY[name])
