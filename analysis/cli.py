@@ -11,7 +11,8 @@
 Analyses only read run directories (made by federate). convex and variance are ORACLE analyses on the test
 set, as in the paper. Combined models average BatchNorm statistics with the same weights as the
 parameters, as FedAvg does (--bn-recompute re-estimates them on training data instead). Figures are PNG
-with a JSON of the plotted numbers beside each, in --out (default RUN/figures for one run, else ./analysis).
+with a JSON of the plotted numbers beside each, in --out (default RUN/figures for one run, else analysis/ in
+the common parent of the runs or checkpoints: beside the inputs, never in the working directory).
 """
 
 from __future__ import annotations
