@@ -84,8 +84,9 @@ class FederateConfig:
     client_batch: int | None = setting(None, "clients trained together as one vectorised model (torch.func "
                                              "vmap); 1: one after another", parse=_auto_int,
                                        within="[1, inf)", metavar="K", group="federated training",
-                                       default_text="auto: all of a round's clients on a GPU, 1 on a CPU "
-                                                    "(measured faster there, README Performance)")
+                                       default_text="auto: all of a round's clients on a GPU, 1 on a CPU, "
+                                                    "where more is refused: it cannot equal 1 there "
+                                                    "(README: Vectorised clients)")
     centralized: bool = setting(False, "train centrally on the union of the clients, rounds x local-epochs "
                                        "epochs (the CL of ΔCL-FL, §4.2)", group="federated training")
     # segmentation
