@@ -201,6 +201,10 @@ class RunOptions(RunFlags):
     flower_resources: str = setting("num_cpus=1,num_gpus=0", "--engine flower: what each simulated client "
                                                              "holds (Ray client_resources)", metavar="K=V,..",
                                     group="run")
+    flower_timeout: float | None = setting(None, "--engine flower: seconds a round waits for its clients' "
+                                                 "replies; a client without one ends the run in one line "
+                                                 "(--resume continues it)", within="(0, inf)", metavar="S",
+                                           group="run", default_text="no limit")
 
     def __post_init__(self) -> None:
         check(self)

@@ -37,7 +37,7 @@ def simulate(cfg: FederateConfig, opts: RunOptions,
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        rows.extend(rounds(FlowerDispatch(grid, opts.device)))
+        rows.extend(rounds(FlowerDispatch(grid, opts.device, timeout_s=opts.flower_timeout)))
 
     backend = {"client_resources": flower_resources(opts.flower_resources),
                "init_args": {"include_dashboard": False}}

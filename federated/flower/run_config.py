@@ -21,7 +21,7 @@ from ..experiment import FederateConfig, RunOptions
 from ..partitions import setting_fields
 
 ALIASES = {"num-server-rounds": "rounds"}  # Flower's name for the round count
-RUN_KEYS = ("out", "device", "resume", "flower-timeout", "min-replies")  # RunOptions' (not the result's)
+RUN_KEYS = ("out", "device", "resume", "flower-timeout")  # RunOptions' (not the result's)
 NOT_HERE = {"tracking", "algo_args", "partition_args"}  # nested: set, or the CLI's own flags
 
 

@@ -44,8 +44,9 @@ IN_CONTEXT = {"in-context": True}  # the server's record of a client whose state
 class FlowerDispatch:
     """Trains a round's clients through Flower messages (a :data:`federated.rounds.Dispatch`)."""
 
-    def __init__(self, grid: Grid, device: str = "auto", wait_s: float = NODE_WAIT_S):
-        self.grid, self.device, self.wait_s = grid, device, wait_s
+    def __init__(self, grid: Grid, device: str = "auto", wait_s: float = NODE_WAIT_S,
+                 timeout_s: float | None = None):
+        self.grid, self.device, self.wait_s, self.timeout_s = grid, device, wait_s, timeout_s
         self.nodes: dict[int, int] = {}  # client id -> Flower node id
 
     def __call__(self, s: Setup, cfg: FederateConfig, plan: RoundPlan, device: torch.device,
@@ -55,7 +56,11 @@ class FlowerDispatch:
         messages = [self._message(s, cfg, config, plan, i, nodes[c]) for i, c in enumerate(plan.selected)]
         if bar is not None:
             bar.set_postfix_str(f"{len(messages)} Flower clients")
-        replies = self._exchange(messages)
+        replies = self._exchange(messages, self.timeout_s)
+        silent = [c for c, r in zip(plan.selected, replies, strict=True) if r is None]
+        if silent:
+            raise FlowerError(f"client(s) {', '.join(map(str, silent))}: no reply within --flower-timeout "
+                              f"{self.timeout_s:g} s; the rounds before are kept (--resume continues)")
         lost = [c for c, r in zip(plan.selected, replies, strict=True)
                 if r is not None and not r.has_error() and _failed(r) == "lost"]
         if lost:
@@ -85,11 +90,12 @@ class FlowerDispatch:
             put_tree(content, "fpsfl.pools", {str(e): pool for e, pool in enumerate(pools)})
         return Message(content, dst_node_id=node, message_type="train")
 
-    def _exchange(self, messages: list[Message]) -> list[Message | None]:
-        """Each message's reply (None: none came), matched by ``reply_to_message_id``."""
+    def _exchange(self, messages: list[Message], timeout_s: float | None = None) -> list[Message | None]:
+        """Each message's reply (None: none came within ``timeout_s``), matched by ``reply_to_message_id``."""
         ids = [str(i) for i in self.grid.push_messages(messages)]
         replies: dict[str, Message] = {}
-        while len(replies) < len(ids):
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while len(replies) < len(ids) and (deadline is None or time.monotonic() < deadline):
             for reply in self.grid.pull_messages([i for i in ids if i not in replies]):
                 replies[reply.metadata.reply_to_message_id] = reply
             if len(replies) < len(ids):
@@ -127,7 +133,7 @@ class FlowerDispatch:
         self.nodes = {c: n for c, n in self.nodes.items() if n in ids}
         new = sorted(ids - set(self.nodes.values()))
         queries = [Message(RecordDict(), dst_node_id=node, message_type="query") for node in new]
-        for node, reply in zip(new, self._exchange(queries) if queries else [], strict=True):
+        for node, reply in zip(new, self._exchange(queries, self.wait_s) if queries else [], strict=True):
             if reply is None or reply.has_error():
                 raise FlowerError(f"Flower node {node}: {reply.error.reason if reply else 'no reply'}")
             pid = int(reply.content["node"]["partition-id"])
@@ -147,7 +153,8 @@ def _failed(reply: Message) -> str:
 
 def serve(grid: Grid, cfg: FederateConfig, opts: RunOptions) -> list[dict]:
     """federate's run with its clients behind ``grid``; its metrics rows."""
-    return run(cfg, opts, host=lambda _cfg, rounds: rounds(FlowerDispatch(grid, opts.device)))
+    return run(cfg, opts, host=lambda _cfg, rounds: rounds(
+        FlowerDispatch(grid, opts.device, timeout_s=opts.flower_timeout)))
 
 
 app = ServerApp()

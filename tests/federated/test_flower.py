@@ -355,3 +355,35 @@ def test_our_clientapp_under_flowers_fedavg_strategy_matches_the_inprocess_engin
     for key, value in ours.items():
         if value.is_floating_point():  # integer buffers: ours rounds back to int64, Flower's stays float
             assert torch.allclose(final[0][key].to(value.dtype), value, rtol=1e-5, atol=1e-6), key
+
+
+# ---- replies: matched by reply_to_message_id, bounded by --flower-timeout --------------------------
+class _Grid:
+    """A Grid that answers some pushed messages, in reverse order, from a node that is not theirs."""
+
+    def __init__(self, answer):
+        self.answer, self.pushed = answer, []
+
+    def push_messages(self, messages):
+        self.pushed = [f"id{i}" for i, _ in enumerate(messages)]
+        return list(self.pushed)
+
+    def pull_messages(self, ids):
+        from flwr.app import Message, Metadata, RecordDict
+
+        def reply(i):
+            meta = Metadata(run_id=1, message_id=f"r{i}", src_node_id=1, dst_node_id=0,
+                            reply_to_message_id=f"id{i}", group_id="", created_at=0.0, ttl=60.0,
+                            message_type="train")
+            return Message(content=RecordDict(), metadata=meta)
+
+        return [reply(int(i[2:])) for i in reversed(list(ids)) if int(i[2:]) in self.answer]
+
+
+def test_replies_are_matched_by_message_id_and_a_silent_client_times_out():
+    _flower()
+    from federated.flower.server_app import FlowerDispatch
+
+    grid = _Grid(answer={0, 2})
+    replies = FlowerDispatch(grid, timeout_s=0.3)._exchange([None, None, None], 0.3)
+    assert [r.metadata.reply_to_message_id if r else None for r in replies] == ["id0", None, "id2"]
