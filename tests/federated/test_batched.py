@@ -166,7 +166,8 @@ def _engines_agree(tmp_path, values: dict) -> None:
     runs = {}
     for dtype in (torch.float64, torch.float32):
         for k in (1, cfg.clients):
-            runs[dtype, k] = _round(tmp_path, cfg, k, f"{dtype}-{k}", rounds=3, dtype=dtype, data=_tiny_data(cfg))
+            runs[dtype, k] = _round(tmp_path, cfg, k, f"{dtype}-{k}", rounds=3, dtype=dtype,
+                                    data=_tiny_data(cfg))
     _close(runs[torch.float64, 1][0], runs[torch.float64, cfg.clients][0], rel=1e-10)
     _close(runs[torch.float32, 1][0], runs[torch.float32, cfg.clients][0], rel=1e-4)
     _same_metrics(runs[torch.float32, 1][1], runs[torch.float32, cfg.clients][1])
