@@ -15,7 +15,6 @@ started from them (and from random init), draws against the number of FPS pairs 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 
 from fpsfl.base.checkpoint import load_checkpoint
 from fpsfl.base.device import resolve_device
+from fpsfl.base.rundir import read_jsonl
 
 from .output import new_figure, output_dir, save_figure, write_json
 from .probe import check_checkpoints, probe_checkpoint, probe_data
@@ -47,11 +47,8 @@ def run_signals(path: str, epoch: int) -> dict[str, float]:
     metrics = p.with_name(re.sub(r"\.e\d{4,}$", "", p.stem) + ".run") / "metrics.jsonl"
     if not metrics.is_file():
         return {}
-    for line in metrics.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line: the signals of that epoch are missing, not an error here
+    rows, _ = read_jsonl(metrics, AnalysisError)  # a torn last line: that epoch's signals are missing
+    for record in rows:
         if record.get("epoch") == epoch:
             return {k: float(record[k]) for k in SIGNALS if k in record}
     return {}
@@ -66,10 +63,12 @@ def budget_points(checkpoints: list[str], runs: list[Run], data, device: str, se
     """Per budget (pairs seen): each checkpoint's probes and signals, and the federated accuracies of the
     runs that any of its checkpoints initialised."""
     by_pairs: dict[int, list[dict]] = defaultdict(list)
-    random = None
+    random, dev = None, resolve_device(device)
     for path in checkpoints:
         ckpt = load_checkpoint(path)
-        result = probe_checkpoint(path, data, input_size, resolve_device(device), seed)
+        # the random-init baseline once, for the first checkpoint's architecture: with one seed it is the
+        # same network for every checkpoint of a study
+        result = probe_checkpoint(path, data, input_size, dev, seed, baseline=random is None)
         random = random or result["random_init"]
         by_pairs[pairs_seen(ckpt, path)].append(
             {"checkpoint": path, "seed": ckpt["config"].get("pretrain", {}).get("seed"), **result["probe"],

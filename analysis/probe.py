@@ -32,17 +32,21 @@ def probe_data(dataset: str, root: str | None, seed: int) -> ProbeData:
 
 
 def probe_checkpoint(path: str, data: ProbeData, input_size: int | None, device: torch.device,
-                     seed: int) -> dict:
-    """The probes of the checkpoint at ``path`` and of a random init (``seed``) of its architecture."""
+                     seed: int, baseline: bool = True) -> dict:
+    """The probes of the checkpoint at ``path`` and, with ``baseline``, of a random init (``seed``) of its
+    architecture (``random_init``)."""
     ckpt = load_checkpoint(path)
     size = input_size or int(ckpt["config"].get("pretrain", {}).get("size", 32))
     torch.manual_seed(seed)
     random = create_backbone(ckpt["arch"], ckpt["width"]).to(device)
     trained = create_backbone(ckpt["arch"], ckpt["width"])
     load_backbone_weights(trained, ckpt, str(path))
-    return {"checkpoint": str(path), "arch": ckpt["arch"], "width": ckpt["width"], "epoch": ckpt["epoch"],
-            "method": ckpt["method"], "source": ckpt["source"], "input_size": size,
-            "probe": probe(trained.to(device), data, size), "random_init": probe(random, data, size)}
+    out = {"checkpoint": str(path), "arch": ckpt["arch"], "width": ckpt["width"], "epoch": ckpt["epoch"],
+           "method": ckpt["method"], "source": ckpt["source"], "input_size": size,
+           "probe": probe(trained.to(device), data, size)}
+    if baseline:
+        out["random_init"] = probe(random, data, size)
+    return out
 
 
 def check_checkpoints(paths: list[str]) -> None:
