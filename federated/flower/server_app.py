@@ -102,11 +102,9 @@ class FlowerDispatch:
                 time.sleep(PULL_S)
         return [replies.get(i) for i in ids]
 
-    def _result(self, s: Setup, client: int, reply: Message | None,
+    def _result(self, s: Setup, client: int, reply: Message,
                 device: torch.device) -> tuple[ClientResult, float]:
-        """A client's reply as its ClientResult."""
-        if reply is None:
-            raise FlowerError(f"client {client}: no reply from its Flower node")
+        """A client's reply (the silent ones are refused before) as its ClientResult."""
         if reply.has_error():
             raise FlowerError(f"client {client}: its Flower node reported error {reply.error.code}: "
                               f"{reply.error.reason}")
