@@ -29,7 +29,7 @@ IMAGENET_FILES = {
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 SHIPPED = {"fps-resnet20": WEIGHTS / "fps-resnet20.ckpt",
            "fps-mocov2-resnet20": WEIGHTS / "fps-mocov2-resnet20.ckpt",
-           "fps-resnet20-cpu-256k": WEIGHTS / "fps-resnet20-cpu-256k.ckpt"}
+           "fps-resnet20-cpu-524k": WEIGHTS / "fps-resnet20-cpu-524k.ckpt"}
 
 
 def shipped_path(name: str) -> Path:

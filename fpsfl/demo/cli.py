@@ -33,7 +33,7 @@ from analysis.runs import AnalysisError
 from federated.initialisation import shipped_ready
 from fpsfl.base.cli import Parser, UsageError, run_main
 
-SHIPPED_NAME = "fps-resnet20-cpu-256k"  # the shipped weights the demo compares with, when they ship
+SHIPPED_NAME = "fps-resnet20-cpu-524k"  # the shipped weights the demo compares with, when they ship
 
 
 @dataclass(frozen=True)
