@@ -17,6 +17,7 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TypeVar
 
 import torch
@@ -55,6 +56,11 @@ def from_env() -> Dist:
         raise ValueError("RANK, WORLD_SIZE, LOCAL_RANK must be integers (start with torchrun)") from None
 
 
+def under_torchrun() -> bool:
+    """Whether torchrun started this process (or restarted it): ``--resume`` then defaults to auto."""
+    return "TORCHELASTIC_RESTART_COUNT" in os.environ or "WORLD_SIZE" in os.environ
+
+
 def device_for(flag: str, d: Dist) -> torch.device:
     """The device of ``--device`` for this process: under torchrun with CUDA, cuda:LOCAL_RANK."""
     device = resolve_device(flag)
@@ -74,15 +80,25 @@ def device_for(flag: str, d: Dist) -> torch.device:
     return device
 
 
-def init(d: Dist, device: torch.device) -> None:
-    """Join the process group (NCCL on CUDA, gloo on CPU); nothing with one process."""
+def init(d: Dist, device: torch.device, timeout_min: float = 30.0) -> None:
+    """Join the process group (NCCL on CUDA, gloo on CPU); nothing with one process.
+
+    ``timeout_min``: how long a collective waits for a rank that died before the others fail (torch's NCCL
+    default is 10 min, its gloo default 30). The group's keys are prefixed with torchrun's restart count:
+    torch 2.14's agent keeps one store for all restarts, so a restarted rank would otherwise read the dead
+    ranks' gloo addresses and fail to connect (or hang), as 2 of 3 restarts did in the elastic test."""
     if d.world == 1 or dist.is_initialized():
         return
+    timeout = timedelta(minutes=timeout_min)
+    store, _, _ = next(dist.rendezvous("env://", d.rank, d.world, timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"fpsfl/attempt_{attempt}", store)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", store=store, rank=d.rank, world_size=d.world, timeout=timeout,
+                                device_id=device)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", store=store, rank=d.rank, world_size=d.world, timeout=timeout)
 
 
 def shutdown() -> None:
@@ -123,6 +139,15 @@ def from_main(d: Dist, fn: Callable[[], T]) -> T:
     if failed:
         raise SystemExit(2)
     return result
+
+
+def gather(d: Dist, obj: T) -> list[T]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    if d.world == 1:
+        return [obj]
+    out: list = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def fail(d: Dist, error: Exception, code: int) -> BaseException:

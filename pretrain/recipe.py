@@ -62,14 +62,25 @@ class PretrainConfig:
         return dataclasses.asdict(self)
 
 
+RESUME_MODES = ("yes", "no", "auto")
+
+
 @dataclass(frozen=True)
 class RunOptions(RunFlags):
+    resume: str | None = setting(None, "continue the run in the run directory from its last finished epoch: "
+                                       "yes (a bare --resume), no, or auto (continue if it holds a training "
+                                       "state, else start it: what a torchrun restart needs)",
+                                 choices=RESUME_MODES, const="yes", group="run",
+                                 default_text="auto under torchrun, else no")
     out: Path | None = setting(None, "checkpoint path", parse=Path, group="run",
                                default_text="<command>-<arch>.ckpt")  # the backbone checkpoint
     run_dir: Path | None = setting(None, "run directory: config.json, metrics.jsonl, state.pt", parse=Path,
                                    group="run", default_text="beside --out, fps.ckpt -> fps.run/")
     workers: int | None = setting(None, "data worker processes rendering fractals / decoding images",
                                   within="[0, inf)", group="run", default_text="0 on CPU, up to 8 on a GPU")
+    dist_timeout: float = setting(30.0, "minutes a collective waits for a rank that died (or hangs) before "
+                                        "the others fail; torchrun only (torch's NCCL default: 10)",
+                                  within="(0, inf)", metavar="MIN", group="run")
     profile: bool = setting(False, "time data wait / augmentation / compute separately and print them as "
                                    "JSON", group="run")
     probe: str | None = setting(None, "kNN-probe the backbone's frozen features on this labelled set while "

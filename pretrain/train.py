@@ -17,13 +17,19 @@ and runs drift apart by a few per cent within epochs, as one process with 1 and 
 identical: MoCo-v2's BatchNorm is per process and shuffled (by design), so its keys and losses differ;
 ``z_std`` is the mean of the processes' values. Only rank 0 writes the run directory and the checkpoint,
 probes and prints; ``--resume`` loads the state on rank 0, which broadcasts it to the others.
+
+Elastic runs: under torchrun ``--resume`` defaults to ``auto``, so a job that ``--max-restarts`` relaunches
+after a rank died continues from the last finished epoch (and its first launch starts the run). A restart
+may put rank 0 on another node, so every rank checks that it sees rank 0's ``config.json``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import signal
 import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import asdict
@@ -51,6 +57,9 @@ _ONE = distributed.Dist()  # a single process
 # gradients at initialisation carry ~2% rounding noise (float32 vs float64), so two summation orders (two
 # processes, or one process with two threads) drift apart by a few per cent over a few steps.
 FLOAT64_ENV = "FPSFL_TEST_FLOAT64"
+# Tests only: "R:E:S" SIGKILLs rank R after step S of epoch E (1-based) in torchrun's first launch, as a
+# preempted node would; the restart (TORCHELASTIC_RESTART_COUNT > 0) runs on.
+KILL_ENV = "FPSFL_TEST_KILL"
 
 
 class TrainingError(RuntimeError):
@@ -147,6 +156,7 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
         for key, value in stats.items():
             stat_sums[key] = stat_sums.get(key, 0.0) + value.float()
         steps, samples = steps + 1, samples + n
+        _test_kill(d, epoch, steps)
         if steps % _NAN_CHECK_EVERY == 0 or steps == len(source):
             total = distributed.mean(loss_sum)  # every process checks the same value: they stop together
             if not torch.isfinite(total):
@@ -174,6 +184,14 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
     return record
 
 
+def _test_kill(d: distributed.Dist, epoch: int, step: int) -> None:
+    """The test hook of ``FPSFL_TEST_KILL`` (see :data:`KILL_ENV`)."""
+    hook = os.environ.get(KILL_ENV)
+    if hook and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        if tuple(int(x) for x in hook.split(":")) == (d.rank, epoch + 1, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def restore(state: dict, method: Method, optimizer: torch.optim.Optimizer) -> int:
     """Restore weights, memory bank, optimiser and RNG from a saved state; returns the next epoch."""
     method.load_state_dict(state["model"])
@@ -190,12 +208,13 @@ def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
     device = distributed.device_for(opts.device, d)
     workers = default_workers(device, d.local_world) if opts.workers is None else opts.workers
     check_world(cfg, d)
-    distributed.init(d, device)
-    run = RunDir(opts.run_dir)  # only rank 0 touches it
+    distributed.init(d, device, opts.dist_timeout)
+    run = RunDir(opts.run_dir)  # only rank 0 writes it
+    mode = opts.resume or ("auto" if distributed.under_torchrun() else "no")
     try:
         with ExitStack() as stack:  # rank 0 holds the run directory's session until the run ends
-            distributed.from_main(d, lambda: _lock_run(run, opts, stack))
-            return _train(cfg, opts, d, device, workers, run)
+            resume = distributed.from_main(d, lambda: _lock_run(run, mode, opts, stack))
+            return _train(cfg, opts, d, device, workers, run, resume)
     finally:
         distributed.shutdown()
 
@@ -217,24 +236,43 @@ def check_world(cfg: PretrainConfig, d: distributed.Dist) -> None:
         raise distributed.fail(d, ValueError(problem), 2)
 
 
-def _lock_run(run: RunDir, opts: RunOptions, stack: ExitStack) -> None:
-    """Rank 0, before anything is built: refuse an existing --out, hold the run directory's lock."""
-    if not opts.resume and Path(opts.out).exists():
-        raise RunDirError(f"--out {opts.out} already exists and is not overwritten; pass --resume to "
-                          f"continue its run, or choose another --out")
-    stack.enter_context(run.session(opts.resume))
+def _lock_run(run: RunDir, mode: str, opts: RunOptions, stack: ExitStack) -> bool:
+    """Rank 0, before anything is built: decide whether the run resumes (``--resume auto``: if the run
+    directory holds a state), refuse an existing --out for a new run, hold the run directory's lock."""
+    resume = run.state_path.is_file() if mode == "auto" else mode == "yes"
+    if not resume and Path(opts.out).exists():
+        held = (f"{run.path} holds no training state" if mode == "auto" else
+                "pass --resume to continue its run")
+        raise RunDirError(f"--out {opts.out} already exists and is not overwritten; {held}, or choose "
+                          f"another --out")
+    stack.enter_context(run.session(resume))
+    return resume
 
 
-def _start_run(run: RunDir, opts: RunOptions, config: dict, world: int) -> dict | None:
+def _start_run(run: RunDir, resume: bool, opts: RunOptions, config: dict, world: int) -> dict | None:
     """Rank 0: create the run, or load (and check) the state it resumes from."""
-    if opts.resume:
+    if resume:
         return run.load_state(config, compare=("pretrain", "method"))
     run.create(config, {**asdict(opts), "world_size": world} if world > 1 else opts)
     return None
 
 
+def _check_shared(run: RunDir, d: distributed.Dist) -> None:
+    """Every rank must see rank 0's config.json: a torchrun restart may move rank 0 to another node, which
+    then resumes only from storage every node sees. A mismatch is one line on every rank."""
+    if d.world == 1:
+        return
+    path = run.config_path
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else "no file"
+    digests = distributed.gather(d, digest)
+    others = [f"rank {r}: {h}" for r, h in enumerate(digests) if h != digests[0]]
+    if others:
+        raise RunDirError(f"{path} differs between ranks (rank 0: {digests[0]}; {', '.join(others[:3])}); "
+                          f"put --run-dir on storage that every node sees")
+
+
 def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: torch.device, workers: int,
-           run: RunDir) -> dict:
+           run: RunDir, resume: bool) -> dict:
     source = SOURCES[cfg.source].make(cfg, workers)
     if d.world > 1:
         source.shard(d.rank, d.world)
@@ -248,7 +286,8 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     optimizer, base_lr = make_optimizer(method, cfg)
     config = {"pretrain": cfg.to_dict(), "method": asdict(method.cfg), "base_lr": base_lr,
               "steps_per_epoch": len(source), "n_classes": source.n_classes}
-    state = distributed.from_main(d, lambda: _start_run(run, opts, config, d.world))
+    state = distributed.from_main(d, lambda: _start_run(run, resume, opts, config, d.world))
+    _check_shared(run, d)
     start = restore(state, method, optimizer) if state is not None else 0
     model = distributed.wrap(method, device)
     probe_data = PROBES[opts.probe]() if opts.probe and d.main else None

@@ -134,6 +134,8 @@ def add_settings(parser: Any, cls: type, *, groups: dict[str, Any] | None = None
             choices = choices_of(f)
             if choices is not None and meta.get("parse") is None:
                 kwargs["choices"] = choices
+            if meta.get("const") is not None:  # the bare flag means ``const``
+                kwargs.update(nargs="?", const=meta["const"])
         target.add_argument(flag_of(f), **kwargs)
 
 

@@ -24,16 +24,18 @@ def setting(default: Any = dataclasses.MISSING, help: str | Callable[[], str] = 
             within: str | None = None, choices: tuple | Callable[[], tuple] | None = None,
             flag: str | None = None, group: str | None = None, parse: Callable[[str], Any] | None = None,
             metavar: str | None = None, default_text: str | None = None, cli: bool = True,
-            default_factory: Any = dataclasses.MISSING) -> Any:
+            const: Any = None, default_factory: Any = dataclasses.MISSING) -> Any:
     """A dataclass field with its metadata.
 
     ``within``: an interval such as ``"(0, 1]"`` or ``"[0, inf)"``; ``choices``: the allowed values (or a
     callable giving them); ``flag``: the command-line flag (default ``--field-name``); ``group``: the help
     section; ``parse``: str -> value for flags with a custom syntax; ``default_text``: how the help states
-    the default (e.g. for None meaning "the dataset's preset"); ``cli=False`` keeps it off the command line.
+    the default (e.g. for None meaning "the dataset's preset"); ``cli=False`` keeps it off the command line;
+    ``const``: the value of the bare flag, whose value becomes optional (``--resume`` = ``--resume yes``).
     """
     metadata = {"help": help, "within": within, "choices": choices, "flag": flag, "group": group,
-                "parse": parse, "metavar": metavar, "default_text": default_text, "cli": cli}
+                "parse": parse, "metavar": metavar, "default_text": default_text, "cli": cli,
+                "const": const}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 

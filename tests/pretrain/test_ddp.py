@@ -12,7 +12,8 @@
   for bit, the written rows at mean cosine > 0.97 with one process's and > 0.03 above the same bank with
   each step's two rank halves swapped (measured 0.989 against 0.934).
 - ``--resume`` after rank 0 is killed between an epoch's metrics line and its state equals the uninterrupted
-  2-process run bit for bit.
+  2-process run bit for bit; so does a ``torchrun --max-restarts 1`` job whose rank 1 is killed mid-epoch:
+  the restart resumes by itself (``--resume auto``, torchrun's default).
 
 The pure invariants (each rank's rows of every batch, the augmentation of rows) are tested in
 tests/fractals/test_stream.py and tests/fpsfl/test_images.py; bad input in-process, with torchrun's
@@ -25,17 +26,19 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from fpsfl.base.checkpoint import load_backbone_weights, load_checkpoint
 from fpsfl.base.rundir import CRASH_ENV
 from pretrain import distributed
 from pretrain.backbones import create_backbone
 from pretrain.cli import main
-from pretrain.train import FLOAT64_ENV
+from pretrain.train import FLOAT64_ENV, KILL_ENV
 
 TINY = ["--arch", "resnet20", "--width", "0.25", "--size", "16", "--epochs", "2", "--batch-size", "16",
         "--pairs-per-epoch", "48", "--device", "cpu", "--workers", "0", "--quiet"]
@@ -44,9 +47,11 @@ MOCO = ["fps", *TINY, "--method", "mocov2", "--set", "hidden_dim=32", "--set", "
 TIMEOUT = 300  # s per launch; one takes ~15 s on a busy 2-core machine
 
 
-def pretrain(out: Path, args: list[str], procs: int, **env: str) -> subprocess.CompletedProcess:
+def pretrain(out: Path, args: list[str], procs: int, restarts: int = 0,
+             **env: str) -> subprocess.CompletedProcess:
     """``pretrain`` as 1 process, or as ``procs`` gloo processes under torchrun, one thread each."""
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs)] * (procs > 1)
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
+                "--max-restarts", str(restarts)] * (procs > 1)
     argv = [sys.executable, *launcher, "-m", "pretrain.cli", *args, "--out", str(out)]
     return subprocess.run(argv, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True,
                           text=True, timeout=TIMEOUT)
@@ -101,11 +106,24 @@ def test_resume_under_torchrun_equals_uninterrupted(simsiam_runs, tmp_path):
     killed = pretrain(out, SIMSIAM, 2, **{FLOAT64_ENV: "1", CRASH_ENV: "metrics:2"})
     assert killed.returncode != 0 and len(losses(out)) == 2  # epoch 2 logged, its state not saved
     assert load_checkpoint(out)["epoch"] == 1
-    again = pretrain(out, SIMSIAM, 2)  # without --resume: rank 0's one-line error, once; the others quiet
+    again = pretrain(out, [*SIMSIAM, "--resume", "no"], 2)  # rank 0's one-line error, once; others quiet
     assert again.returncode != 0 and again.stderr.count("pretrain: error:") == 1
     assert "already exists" in again.stderr and len(losses(out)) == 2
     resumed = pretrain(out, [*SIMSIAM, "--resume"], 2, **{FLOAT64_ENV: "1"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    full = simsiam_runs[2]
+    assert losses(out) == losses(full)
+    a, b = load_checkpoint(full)["backbone"], load_checkpoint(out)["backbone"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_a_torchrun_restart_after_a_rank_dies_resumes_by_itself(simsiam_runs, tmp_path):
+    out = tmp_path / "elastic.ckpt"  # rank 1 SIGKILLed after step 2 of epoch 2 (of 3); torchrun restarts both
+    done = pretrain(out, SIMSIAM, 2, restarts=1, **{FLOAT64_ENV: "1", KILL_ENV: "1:2:2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "exitcode: -9" in done.stderr, done.stderr[-3000:]  # rank 1 was killed; torchrun restarted
+    assert done.stdout.count("wrote") == 1  # only the restarted launch finished
     full = simsiam_runs[2]
     assert losses(out) == losses(full)
     a, b = load_checkpoint(full)["backbone"], load_checkpoint(out)["backbone"]
@@ -164,3 +182,15 @@ def test_cuda_device_per_local_rank(monkeypatch):
         distributed.device_for("cuda:0", rank1)
     with pytest.raises(ValueError, match="3 processes on this node but 2 CUDA device"):
         distributed.device_for("cuda", distributed.Dist(rank=2, world=3, local_rank=2, local_world=3))
+
+
+def test_the_process_group_gets_the_timeout_and_a_store_per_restart(monkeypatch):
+    calls = {}
+    monkeypatch.setattr(distributed.dist, "rendezvous", lambda *a, **k: iter([(dist.HashStore(), 1, 2)]))
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **k: calls.update(k, backend=a[0]))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    distributed.init(distributed.Dist(rank=1, world=2), torch.device("cpu"), timeout_min=45)
+    assert calls["backend"] == "gloo" and calls["timeout"] == timedelta(minutes=45)
+    assert (calls["rank"], calls["world_size"]) == (1, 2) and isinstance(calls["store"], dist.PrefixStore)
+    calls["store"].set("k", "v")  # written under the restart's prefix, invisible to another attempt's keys
+    assert calls["store"].underlying_store.get("fpsfl/attempt_3/k") == b"v"

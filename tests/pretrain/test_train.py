@@ -9,10 +9,12 @@ import torch
 from PIL import Image
 
 from fpsfl.base.checkpoint import load_checkpoint
+from fpsfl.base.rundir import RunDir, RunDirError
+from pretrain import distributed
 from pretrain.cli import main
 from pretrain.recipe import PretrainConfig, RunOptions
 from pretrain.sources import SOURCES
-from pretrain.train import cosine_lr, train
+from pretrain.train import _check_shared, cosine_lr, train
 
 TINY = {"arch": "resnet20", "width": 0.25, "size": 16, "batch_size": 8, "pairs_per_epoch": 16, "epochs": 1}
 SMALL_HEADS = {"simsiam": {"proj_dim": 32, "pred_dim": 8}, "mocov2": {"hidden_dim": 32, "bank_size": 64}}
@@ -61,13 +63,13 @@ def test_every_source_and_method_trains_one_epoch(tmp_path, image_root, source, 
     assert saved["config"]["pretrain"]["source"] == source and "code_version" in saved
 
 
-@pytest.mark.parametrize("method", ["simsiam", "mocov2"])
-def test_resume_equals_uninterrupted(tmp_path, method):
+@pytest.mark.parametrize("method,mode", [("simsiam", "auto"), ("mocov2", "yes")])
+def test_resume_equals_uninterrupted(tmp_path, method, mode):
     cfg = _config("fps", method, epochs=2)
     train(cfg, _opts(tmp_path, "full"))
-    train(cfg, _opts(tmp_path, "cut", stop_after=1))  # "killed" after epoch 1
+    train(cfg, _opts(tmp_path, "cut", stop_after=1, resume=mode if mode == "auto" else None))  # "killed"
     assert load_checkpoint(tmp_path / "cut.ckpt")["epoch"] == 1
-    train(cfg, _opts(tmp_path, "cut", resume=True))
+    train(cfg, _opts(tmp_path, "cut", resume=mode))  # auto: the run directory holds a state, so it resumes
     full, cut = load_checkpoint(tmp_path / "full.ckpt"), load_checkpoint(tmp_path / "cut.ckpt")
     assert cut["epoch"] == 2
     for key, value in full["backbone"].items():
@@ -75,6 +77,28 @@ def test_resume_equals_uninterrupted(tmp_path, method):
     losses = [[json.loads(x)["loss"] for x in (tmp_path / f"{n}.run" / "metrics.jsonl").open()]
               for n in ("full", "cut")]
     assert losses[0] == losses[1] and len(losses[0]) == 2
+
+
+def test_under_torchrun_resume_defaults_to_auto(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc-per-node 1
+    cfg = _config("fps", "simsiam", epochs=2)
+    train(cfg, _opts(tmp_path, stop_after=1))  # no state: a new run
+    assert train(cfg, _opts(tmp_path))["epoch"] == 2  # a state: resumed, not "already holds a run"
+    assert [json.loads(x)["epoch"] for x in (tmp_path / "run.run" / "metrics.jsonl").open()] == [1, 2]
+    with pytest.raises(RunDirError, match="already exists"):
+        train(cfg, _opts(tmp_path, resume="no"))
+
+
+def test_ranks_that_see_another_config_json_stop_with_one_line(tmp_path, monkeypatch):
+    run = RunDir(tmp_path / "run")
+    run.create({"x": 1}, {})
+    monkeypatch.setattr(distributed, "gather", lambda d, digest: [digest, "no file"])
+    with pytest.raises(RunDirError) as error:
+        _check_shared(run, distributed.Dist(rank=1, world=2))
+    message = str(error.value)
+    assert "\n" not in message and "rank 1: no file" in message and "storage that every node sees" in message
+    monkeypatch.setattr(distributed, "gather", lambda d, digest: [digest, digest])
+    _check_shared(run, distributed.Dist(rank=1, world=2))  # the same file: no error
 
 
 def test_same_seed_same_weights_other_seed_differs(tmp_path):
@@ -116,6 +140,8 @@ def test_cli_writes_checkpoint_and_run_dir(tmp_path, capsys):
     (["fps", "--set", "proj_dim=big"], "proj_dim"),
     (["fps", "--epochs", "0"], "--epochs"),
     (["fps", "--resume"], "no training state"),
+    (["fps", "--resume", "maybe"], "invalid choice"),
+    (["fps", "--dist-timeout", "0"], "--dist-timeout"),
     (["fps", "--out", "/proc/no/such/dir/x.ckpt"], "cannot write"),
     (["images"], "--root"),
     (["supervised", "--root", "/no/such/folder"], "/no/such/folder"),
