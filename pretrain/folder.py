@@ -8,7 +8,10 @@ and centre-cropped to ``size`` x ``size``; random crops and the other augmentati
 the device (:mod:`fpsfl.base.images`).
 
 The order of epoch e is ``torch.randperm`` under ``SeedSequence([seed, e])`` and the DataLoader keeps batch
-order, so the batches of (seed, epoch) are the same whatever the number of workers.
+order, so the batches of (seed, epoch) are the same whatever the number of workers. Under torchrun
+(``shard = (rank, world)``) every process draws the same permutation and decodes only its rows of each
+global batch (:func:`fractals.stream.shard_rows`, as the fractal stream renders them), so the processes'
+shares of an epoch are disjoint, cover it, and in rank order are the one-process batches.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
+
+from fractals.stream import shard_rows
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, copied so that importing this module does not import
 # torchvision (~0.4 s); tests/test_folder.py checks that the two agree.
@@ -187,6 +192,7 @@ class FolderSource:
         if workers < 0:
             raise FolderError(f"workers must be non-negative, got {workers}")
         self.cfg, self.workers = cfg, workers
+        self.shard = (0, 1)  # (rank, world): this process decodes its rows of every global batch
         paths, labels, self.classes = scan(cfg)
         check_headers(paths)
         self.n_images = len(paths)
@@ -206,9 +212,13 @@ class FolderSource:
         b = self.cfg.batch_size
         return [perm[k * b:(k + 1) * b] for k in range(len(self))]
 
+    def my_order(self, epoch: int) -> list[list[int]]:
+        """This process's rows of each batch of :meth:`order` (all of them without a shard)."""
+        return [batch[shard_rows(len(batch), *self.shard)] for batch in self.order(epoch)]
+
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
         """The batches of ``epoch`` in order; raises :class:`FolderError` on the first unreadable image."""
-        loader = DataLoader(self.dataset, batch_size=None, sampler=self.order(epoch),
+        loader = DataLoader(self.dataset, batch_size=None, sampler=self.my_order(epoch),
                             num_workers=self.workers, collate_fn=_identity, pin_memory=False)
         for batch in loader:
             if "error" in batch:

@@ -76,6 +76,10 @@ class ImageSource:
     def __len__(self) -> int:
         return len(self.folder)
 
+    def shard(self, rank: int, world: int) -> None:
+        """Decode only process ``rank``'s rows of every global batch (see :mod:`pretrain.folder`)."""
+        self.folder.shard = (rank, world)
+
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
         return self.folder.batches(epoch)
 

@@ -3,8 +3,9 @@
 SGD with momentum, a per-epoch cosine learning-rate schedule (groups marked ``fixed_lr`` keep their rate,
 as SimSiam's predictor), image-level augmentation on the training device, optional bf16 autocast and
 channels-last on CUDA. After every epoch it appends a line to ``metrics.jsonl``, writes the training state
-(``state.pt``: weights, optimiser, memory bank, RNG) and the backbone checkpoint, each atomically, so a crash
-loses at most the epoch in progress and ``--resume`` continues where it stopped, bit for bit on CPU.
+(``state.pt``: weights, optimiser, memory bank, CPU and CUDA RNG states) and the backbone checkpoint, each
+atomically, so a crash loses at most the epoch in progress and ``--resume`` continues where it stopped, bit
+for bit on CPU.
 
 Under ``torchrun`` (:mod:`pretrain.distributed`) the method is wrapped in DistributedDataParallel and each
 process trains on its rows of every global batch (``--batch-size`` stays the global batch). Identical for
@@ -192,12 +193,28 @@ def _test_kill(d: distributed.Dist, epoch: int, step: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def rng_states() -> dict:
+    """The random states a resume needs: the CPU's and, once CUDA is in use, every CUDA device's (ops such as
+    MoCo's shuffle draw from the device's generator). An unused CUDA is not initialised just to read it."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    return {"rng": torch.get_rng_state(), "cuda_rng": cuda}
+
+
+def set_rng_states(state: dict) -> None:
+    """Restore :func:`rng_states`. CUDA states are restored where CUDA is present (states of older runs
+    have none; a GPU run resumed on a CPU-only machine has nothing to restore them to)."""
+    torch.set_rng_state(state["rng"])
+    cuda = state.get("cuda_rng") or []
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[:torch.cuda.device_count()])
+
+
 def restore(state: dict, method: Method, optimizer: torch.optim.Optimizer) -> int:
     """Restore weights, memory bank, optimiser and RNG from a saved state; returns the next epoch."""
     method.load_state_dict(state["model"])
     method.load_extra_state(state["extra"])
     optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"])
+    set_rng_states(state)
     return int(state["done"])
 
 
@@ -223,11 +240,10 @@ def check_world(cfg: PretrainConfig, d: distributed.Dist) -> None:
     """One-line errors for a run that cannot be split over the processes (every rank finds the same)."""
     if d.world == 1:
         return
-    last = cfg.pairs_per_epoch % cfg.batch_size
+    # the fractal sources' last batch may be short; a folder's is dropped (FolderConfig.drop_last)
+    last = cfg.pairs_per_epoch % cfg.batch_size if "fractal" in SOURCES[cfg.source].groups else 0
     problem = None
-    if "fractal" not in SOURCES[cfg.source].groups:
-        problem = f"{cfg.source}: multi-process (torchrun) runs take the fractal sources only"
-    elif cfg.batch_size % d.world:
+    if cfg.batch_size % d.world:
         problem = f"--batch-size {cfg.batch_size} (global) must be a multiple of the {d.world} processes"
     elif last % d.world:
         problem = (f"--pairs-per-epoch {cfg.pairs_per_epoch} leaves a last batch of {last}, not divisible by "
@@ -273,7 +289,10 @@ def _check_shared(run: RunDir, d: distributed.Dist) -> None:
 
 def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: torch.device, workers: int,
            run: RunDir, resume: bool) -> dict:
-    source = SOURCES[cfg.source].make(cfg, workers)
+    try:  # every rank scans the folder (or bank): each finds the same problem, rank 0 reports it
+        source = SOURCES[cfg.source].make(cfg, workers)
+    except ValueError as exc:
+        raise distributed.fail(d, exc, 2) from None
     if d.world > 1:
         source.shard(d.rank, d.world)
     method = build_method(cfg, source.n_classes, device)
@@ -325,7 +344,7 @@ def _save(run: RunDir, record: dict, method: Method, optimizer: torch.optim.Opti
     run has BatchNorm's state_dict keys, so its checkpoint loads as one from a single process)."""
     run.append_metrics(record)
     run.save_state({"done": epoch + 1, "model": method.state_dict(), "extra": method.extra_state(),
-                    "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()})
+                    "optimizer": optimizer.state_dict(), **rng_states()})
     ckpt = make_checkpoint(method.backbone, arch=cfg.arch, width=cfg.width, method=cfg.method,
                            source=cfg.source, epoch=epoch + 1, config=config)
     save_checkpoint(ckpt, opts.out)

@@ -29,9 +29,11 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from PIL import Image
 
 from fpsfl.base.checkpoint import load_backbone_weights, load_checkpoint
 from fpsfl.base.rundir import CRASH_ENV
@@ -131,6 +133,26 @@ def test_a_torchrun_restart_after_a_rank_dies_resumes_by_itself(simsiam_runs, tm
 
 
 @pytest.mark.slow
+def test_an_image_folder_in_two_processes_follows_one(tmp_path):
+    """Each process decodes its rows of every batch of the epoch's permutation: as one process, in float64."""
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (tmp_path / "data" / f"c{c}").mkdir(parents=True)
+        for i in range(24):
+            Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(
+                tmp_path / "data" / f"c{c}" / f"{i}.png")
+    tiny = [a for a in TINY if a not in ("--pairs-per-epoch", "48")]  # an epoch is the folder's 3 batches
+    args = ["images", "--root", str(tmp_path / "data"), *tiny, "--set", "proj_dim=32", "--set", "pred_dim=8"]
+    runs = [tmp_path / f"i{procs}.ckpt" for procs in (1, 2)]
+    for procs, out in zip((1, 2), runs, strict=True):
+        done = pretrain(out, args, procs, **{FLOAT64_ENV: "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+    # the losses are summed in float32 (see the module docstring); epoch 2's is near 0 (-5.5e-4)
+    assert losses(runs[1]) == pytest.approx(losses(runs[0]), rel=1e-6, abs=1e-8) and len(losses(runs[0])) == 2
+    assert worst_gap(load_checkpoint(runs[0])["backbone"], load_checkpoint(runs[1])["backbone"]) < 1e-9
+
+
+@pytest.mark.slow
 def test_moco_two_processes_share_one_bank(tmp_path):
     runs = {procs: tmp_path / f"m{procs}.ckpt" for procs in (1, 2)}
     for procs, out in runs.items():
@@ -154,8 +176,8 @@ TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_
 @pytest.mark.parametrize("command,args,message", [
     (SIMSIAM, ["--batch-size", "15"], "--batch-size 15 (global) must be a multiple of the 2 processes"),
     (SIMSIAM, ["--pairs-per-epoch", "33"], "leaves a last batch of 1"),
-    (["images", "--root", "/no/such/folder", "--device", "cpu"], [], "images: multi-process (torchrun) runs "
-                                                                      "take the fractal sources only"),
+    (["images", "--root", "/no/such/folder", "--device", "cpu"], ["--batch-size", "15"],
+     "--batch-size 15 (global) must be a multiple of the 2 processes"),  # folders run, with the same checks
 ])
 def test_a_world_that_cannot_split_the_run_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, command,
                                                                   args, message):

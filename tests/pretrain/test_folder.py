@@ -118,6 +118,25 @@ def test_seed_and_epoch_fix_the_batches_whatever_the_workers(labelled):
     assert order != other_epoch and order != other_seed
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_shares_of_an_epoch_are_disjoint_cover_it_and_keep_its_batches(labelled, world):
+    cfg = FolderConfig(str(labelled[0]), SIZE, batch_size=6, labelled=True, seed=1)
+    whole = FolderSource(cfg).order(4)
+    shares = []
+    for rank in range(world):
+        source = FolderSource(cfg)
+        source.shard = (rank, world)
+        shares.append(source.my_order(4))
+    assert all(len(s) == len(whole) == 2 and all(len(b) == 6 // world for b in s) for s in shares)
+    for k, batch in enumerate(whole):  # batch k of rank 0, 1, ... in rank order is the one-process batch k
+        assert [i for share in shares for i in share[k]] == batch
+    seen = [i for share in shares for b in share for i in b]
+    assert len(seen) == len(set(seen)) == 12  # disjoint; with drop_last the 2 whole batches of 15 images
+    source.shard = (world - 1, world)  # and the decoded batches are those rows
+    decoded = [_identify(b["images"]) for b in _all(source, epoch=4)]
+    assert decoded == [_identify(b["images"])[-(6 // world):] for b in _all(FolderSource(cfg), epoch=4)]
+
+
 def test_centre_crop_of_a_wide_and_a_tall_image(tmp_path):
     wide = np.zeros((30, 90, 3), np.uint8)  # (H, W, 3): red | green | blue columns, 30 px each
     wide[:, :30, 0], wide[:, 30:60, 1], wide[:, 60:, 2] = 255, 255, 255

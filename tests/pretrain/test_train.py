@@ -1,5 +1,6 @@
 """The pre-training loop and the `pretrain` CLI: every source runs, resume equals uninterrupted, bad input."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from pretrain import distributed
 from pretrain.cli import main
 from pretrain.recipe import PretrainConfig, RunOptions
 from pretrain.sources import SOURCES
-from pretrain.train import _check_shared, cosine_lr, train
+from pretrain.train import _check_shared, cosine_lr, rng_states, set_rng_states, train
 
 TINY = {"arch": "resnet20", "width": 0.25, "size": 16, "batch_size": 8, "pairs_per_epoch": 16, "epochs": 1}
 SMALL_HEADS = {"simsiam": {"proj_dim": 32, "pred_dim": 8}, "mocov2": {"hidden_dim": 32, "bank_size": 64}}
@@ -99,6 +100,48 @@ def test_ranks_that_see_another_config_json_stop_with_one_line(tmp_path, monkeyp
     assert "\n" not in message and "rank 1: no file" in message and "storage that every node sees" in message
     monkeypatch.setattr(distributed, "gather", lambda d, digest: [digest, digest])
     _check_shared(run, distributed.Dist(rank=1, world=2))  # the same file: no error
+
+
+def test_state_round_trips_rng_without_cuda(tmp_path, monkeypatch):
+    train(_config("fps", "simsiam"), _opts(tmp_path))
+    state = torch.load(tmp_path / "run.run" / "state.pt", weights_only=True)
+    assert state["cuda_rng"] == [] and state["rng"].dtype == torch.uint8  # CUDA unused: none saved
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    saved = {"rng": torch.manual_seed(123).get_state(), "cuda_rng": [torch.zeros(16, dtype=torch.uint8)]}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a GPU run's state resumed on a CPU
+    torch.manual_seed(7)
+    set_rng_states(saved)
+    assert torch.equal(torch.rand(3), expected)
+    set_rng_states({"rng": saved["rng"]})  # a state from before CUDA states were saved
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.gpu
+def test_cuda_rng_states_of_every_device_are_saved_and_restored():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.cuda.manual_seed_all(5)
+    states = rng_states()
+    assert len(states["cuda_rng"]) == torch.cuda.device_count()
+    expected = [torch.rand(4, device=f"cuda:{i}").cpu() for i in range(torch.cuda.device_count())]
+    set_rng_states(states)
+    assert all(torch.equal(torch.rand(4, device=f"cuda:{i}").cpu(), e) for i, e in enumerate(expected))
+
+
+@pytest.mark.gpu
+def test_cuda_resume_equals_uninterrupted(tmp_path, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)  # else cuDNN's atomics differ run to run
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    cfg = _config("fps", "mocov2", size=32, epochs=2, batch_size=32, pairs_per_epoch=128)
+    gpu = {"device": "cuda", "workers": 0}
+    train(cfg, dataclasses.replace(_opts(tmp_path, "full"), **gpu))
+    train(cfg, dataclasses.replace(_opts(tmp_path, "cut", stop_after=1), **gpu))
+    train(cfg, dataclasses.replace(_opts(tmp_path, "cut", resume="yes"), **gpu))
+    full, cut = load_checkpoint(tmp_path / "full.ckpt"), load_checkpoint(tmp_path / "cut.ckpt")
+    assert all(torch.equal(v, cut["backbone"][k]) for k, v in full["backbone"].items())
 
 
 def test_same_seed_same_weights_other_seed_differs(tmp_path):
