@@ -87,6 +87,8 @@ class FederateConfig:
                                        default_text="auto: all of a round's clients on a GPU, 1 on a CPU, "
                                                     "where more is refused: it cannot equal 1 there "
                                                     "(README: Vectorised clients)")
+    amp: bool = setting(False, "bf16 autocast in local training and evaluation (for a GPU's tensor cores; "
+                               "results differ from float32 ones slightly)", group="federated training")
     centralized: bool = setting(False, "train centrally on the union of the clients, rounds x local-epochs "
                                        "epochs (the CL of ΔCL-FL, §4.2)", group="federated training")
     # segmentation

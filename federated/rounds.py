@@ -36,6 +36,16 @@ from .partitions import client_noise
 from .setup import Setup
 
 
+def precision(s: Setup):
+    """The context of local training and evaluation: bf16 autocast with ``--amp``, else none. Only the ops
+    torch's autocast lists (convolutions, linear layers) run in bf16; the losses, the optimiser's and the
+    algorithms' arithmetic stay float32, and aggregation runs outside it. It spans whole local trainings, so
+    its cache of bf16 weight copies is off: kept, it would serve step 1's weights to every later step (the
+    optimiser updates the float32 weights, which the cache does not see; digits then stayed at chance)."""
+    return torch.autocast(s.data.train_x.device.type, dtype=torch.bfloat16, enabled=s.amp,
+                          cache_enabled=False)
+
+
 def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
 
@@ -215,8 +225,9 @@ def _train_jobs(s: Setup, cfg: FederateConfig, jobs: list[ClientJob], k: int,
             states.append(state)
             losses.append(loss)
         else:
-            states += train_batched(local, s.algo, chunk, s.task, x, y, cfg.resolved_optimizer(),
-                                    chunk[0].ctx.lr, cfg.momentum, cfg.weight_decay)
+            with precision(s):
+                states += train_batched(local, s.algo, chunk, s.task, x, y, cfg.resolved_optimizer(),
+                                        chunk[0].ctx.lr, cfg.momentum, cfg.weight_decay)
             losses += [float(torch.stack(job.losses).float().mean()) if job.losses else 0.0 for job in chunk]
         if bar is not None:
             bar.set_postfix_str(f"client {min(first + k, len(jobs))}/{len(jobs)}")
@@ -227,8 +238,9 @@ def _train_one(s: Setup, cfg: FederateConfig, job: ClientJob, local: nn.Module) 
     """One client's local SGD with torch.optim in ``local`` (overwritten): its final state and mean loss."""
     local.load_state_dict(job.start)
     optimizer = make_optimizer(local, cfg.resolved_optimizer(), job.ctx.lr, cfg.momentum, cfg.weight_decay)
-    loss = local_train(local, optimizer, s.algo, job.ctx, s.task, s.data.train_x, s.data.train_y, job.batches,
-                       job.aug_gen, job.noise)
+    with precision(s):
+        loss = local_train(local, optimizer, s.algo, job.ctx, s.task, s.data.train_x, s.data.train_y,
+                           job.batches, job.aug_gen, job.noise)
     return {n: v.detach().clone() for n, v in local.state_dict().items()}, loss
 
 
@@ -239,11 +251,13 @@ def _local_accuracies(s: Setup, states: list[dict], k: int) -> list[float]:
         accs = []
         for state in states:
             local.load_state_dict(state)
-            accs.append(s.task.evaluate(local, s.data.test_x, s.data.test_y)["acc"])
+            with precision(s):
+                accs.append(s.task.evaluate(local, s.data.test_x, s.data.test_y)["acc"])
         return accs
     x, y = s.data.test_x, s.data.test_y
-    return [acc for first in range(0, len(states), k)
-            for acc in evaluate_batched(s.model, s.task, states[first:first + k], x, y)]
+    with precision(s):
+        return [acc for first in range(0, len(states), k)
+                for acc in evaluate_batched(s.model, s.task, states[first:first + k], x, y)]
 
 
 def _health(state: dict[str, torch.Tensor]) -> dict:
@@ -254,7 +268,9 @@ def _health(state: dict[str, torch.Tensor]) -> dict:
 
 def _test_metrics(s: Setup) -> dict:
     """The global model's test metrics: test_acc (the task's main metric), test_loss, and any others."""
-    return {f"test_{k}": v for k, v in s.task.evaluate(s.model, s.data.test_x, s.data.test_y).items()}
+    with precision(s):
+        metrics = s.task.evaluate(s.model, s.data.test_x, s.data.test_y)
+    return {f"test_{k}": v for k, v in metrics.items()}
 
 
 def _momentum(cfg: FederateConfig) -> float:
@@ -285,6 +301,7 @@ def centralized_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.dev
     ctx = ClientContext(-1, s.model, lr, _momentum(cfg), {})
     order_gen, aug_gen = _generators(cfg, rnd, 0, device)
     batches = epoch_batches([pool] * cfg.local_epochs, cfg.resolved_batch(), order_gen)
-    loss = local_train(s.model, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y, batches,
-                       aug_gen)
+    with precision(s):
+        loss = local_train(s.model, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y, batches,
+                           aug_gen)
     return {"round": rnd + 1, "lr": lr, **_test_metrics(s), "train_loss": loss}

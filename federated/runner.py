@@ -161,6 +161,8 @@ def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:
     for part in ("federate", "algo"):
         a, b = dict(saved.get(part) or {}), dict(mine[part])
         a.pop("init", None), b.pop("init", None)
+        if part == "federate":
+            a.setdefault("amp", False)  # a run from before --amp trained in float32
         if a != b:
             changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
             raise RunDirError(f"--resume: {', '.join(changed)} differ(s) from the run in "

@@ -29,6 +29,7 @@ class Setup:
     model: nn.Module
     algo: FedAvg
     init_report: str
+    amp: bool = False  # --amp: bf16 autocast of local training and evaluation (federated.rounds.precision)
 
 
 def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = None,
@@ -62,7 +63,7 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
     # about 20% faster with them on the 2-core CPU VM, and it is the layout GPU tensor cores want
     model = model.to(device, memory_format=torch.channels_last)
     return Setup(data.to(device), [torch.as_tensor(p, dtype=torch.long) for p in parts], task, model, algo,
-                 report)
+                 report, cfg.amp)
 
 
 def write_partition(run_dir: Path, cfg: FederateConfig, s: Setup) -> None:
