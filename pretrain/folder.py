@@ -10,8 +10,9 @@ the device (:mod:`fpsfl.base.images`).
 The order of epoch e is ``torch.randperm`` under ``SeedSequence([seed, e])`` and the DataLoader keeps batch
 order, so the batches of (seed, epoch) are the same whatever the number of workers. Under torchrun
 (``shard = (rank, world)``) every process draws the same permutation and decodes only its rows of each
-global batch (:func:`fractals.stream.shard_rows`, as the fractal stream renders them), so the processes'
-shares of an epoch are disjoint, cover it, and in rank order are the one-process batches.
+global batch (the contiguous blocks of :func:`fractals.stream.shard_rows`, as the fractal stream renders
+them), so the processes' shares of an epoch are disjoint, cover it, and in rank order are the one-process
+batches.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
-
-from fractals.stream import shard_rows
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, copied so that importing this module does not import
 # torchvision (~0.4 s); tests/test_folder.py checks that the two agree.
@@ -214,7 +213,10 @@ class FolderSource:
 
     def my_order(self, epoch: int) -> list[list[int]]:
         """This process's rows of each batch of :meth:`order` (all of them without a shard)."""
-        return [batch[shard_rows(len(batch), *self.shard)] for batch in self.order(epoch)]
+        rank, world = self.shard  # fractals.stream.shard_rows, not imported: it loads numba, which federate's
+        # start-up must not (federated.datasets decodes folders with this module; pyproject's contracts)
+        return [batch[rank * len(batch) // world:(rank + 1) * len(batch) // world]
+                for batch in self.order(epoch)]
 
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
         """The batches of ``epoch`` in order; raises :class:`FolderError` on the first unreadable image."""
