@@ -194,8 +194,10 @@ def _test_kill(d: distributed.Dist, epoch: int, step: int) -> None:
 
 
 def rng_states() -> dict:
-    """The random states a resume needs: the CPU's and, once CUDA is in use, every CUDA device's (ops such as
-    MoCo's shuffle draw from the device's generator). An unused CUDA is not initialised just to read it."""
+    """The random states a resume needs: the CPU's and, once CUDA is in use, every CUDA device's. An unused
+    CUDA is not initialised just to read it. Under torchrun these are rank 0's (it alone saves), which is
+    enough: the one draw from a device's generator, MoCo's batch shuffle, is made on rank 0 and broadcast
+    (lightly's ``batch_shuffle_distributed``); augmentation draws from its own per-epoch generators."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
     return {"rng": torch.get_rng_state(), "cuda_rng": cuda}
 
