@@ -12,6 +12,8 @@ per-epoch metrics and the --resume state go to a run directory beside it (fps.ck
 
   torchrun --standalone --nproc-per-node N -m pretrain.cli fps ...   DistributedDataParallel, N processes
                                                                      (--batch-size stays the global batch)
+  torchrun --max-restarts 3 ... pretrain.cli fps ...                 a restart after a rank died resumes by
+                                                                     itself (--resume auto under torchrun)
 """
 
 from __future__ import annotations
