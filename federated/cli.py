@@ -4,6 +4,8 @@
   federate --dataset cifar10 --data-root ~/data --init fps.ckpt --out runs/c10-fps
   federate --dataset cifar10 --data-root ~/data --init fps.ckpt --centralized --out runs/c10-fps-cl
   federate ... --algo scaffold | fedprox --set mu=0.1 | fedavgm --set beta=0.9 | fedvc | fedir | ...
+  federate export-partitions --clients 10 --alpha 0.1 --out shards/   one .npz per client + manifest.json,
+                                          for Flower SuperNodes that hold only their own data (README, Flower)
 
 A run directory holds config.json, metrics.jsonl (one line a round), partition.json/.png, state.pt (for
 --resume) and final.pt. Defaults follow the paper: 10 clients, alpha 0.3, full participation, 5 local
@@ -18,6 +20,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import torch
+from tqdm import tqdm
+
 from fpsfl.base.checkpoint import CheckpointError
 from fpsfl.base.cli import Parser, add_set_flag, add_settings, parse_settings, run_main, settings_from
 from fpsfl.base.rundir import RunDirError
@@ -31,6 +36,8 @@ from .initialisation import InitError
 from .local import DivergenceError
 from .oracle.tracking import TrackConfig
 from .partitions import PARTITIONS, PartitionError
+from .setup import client_class_counts, partitioned
+from .shards import MANIFEST, export_shards, partition_settings
 
 GROUPS = {  # argparse sections of the generated flags, in order, with their notes
     "data": None, "partition": None, "federated training": None, "segmentation (cityscapes)": None,
@@ -43,7 +50,7 @@ GROUPS = {  # argparse sections of the generated flags, in order, with their not
 }
 
 
-def partition_settings() -> list[type]:
+def partition_settings_classes() -> list[type]:
     """The Config classes of every registered partition (their fields are the partition flags)."""
     return [cls.Config for cls in PARTITIONS.values()]
 
@@ -51,7 +58,7 @@ def partition_settings() -> list[type]:
 def config_from(args: argparse.Namespace) -> FederateConfig:
     """The FederateConfig of parsed flags: every field and partition setting that was given."""
     values = settings_from(args, FederateConfig)
-    for settings in partition_settings():
+    for settings in partition_settings_classes():
         values.update(settings_from(args, settings))
     tracking = TrackConfig(**settings_from(args, TrackConfig))
     return FederateConfig(**values, algo_args=parse_settings(args.set), tracking=tracking)
@@ -81,6 +88,41 @@ def cmd_federate(args: argparse.Namespace) -> None:
               f"run directory {out}")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    """The run's partition as node-local shards (:mod:`federated.shards`)."""
+    cfg = config_from(args)
+    data, task, parts = partitioned(cfg)
+    parts = [torch.as_tensor(p, dtype=torch.long) for p in parts]
+    with tqdm(total=len(parts), desc="shards", unit="client", disable=not args.progress) as bar:
+        export_shards(args.out, partition_settings(cfg), data, parts, client_class_counts(task, data, parts),
+                      bar)
+    print(f"federate export-partitions: {len(parts)} shards ({sum(map(len, parts))} training samples) and "
+          f"{MANIFEST} in {args.out}; start SuperNode i with --node-config \"partition-id=i "
+          f"data-dir='{args.out.resolve()}'\" and run the app with shards='{args.out.resolve()}'")
+
+
+def build_export_parser() -> argparse.ArgumentParser:
+    """``federate export-partitions``: federate's data and partition flags, and where the shards go."""
+    p = Parser(prog="federate export-partitions", description=textwrap.fill(
+        "Write the partition a federate run with these settings draws as node-local data: "
+        "one client-NNNN.npz per client (its training images, labels and positions in the "
+        "training set) and manifest.json (the settings, client sizes and each shard's "
+        "sha256). A Flower SuperNode started with --node-config \"partition-id=I "
+        "data-dir=DIR\" then loads only shard I (README, Flower).", 100))
+    data_fields = tuple(f.name for f in dataclasses.fields(FederateConfig)
+                        if f.metadata.get("group") in ("data", "partition")) + ("seed",)
+    add_settings(p, FederateConfig, only=tuple(n for n in data_fields if n != "input_size"))
+    seen = {f.name for f in dataclasses.fields(FederateConfig)}
+    for settings in partition_settings_classes():
+        add_settings(p, settings, skip=tuple(seen))
+        seen |= {f.name for f in dataclasses.fields(settings)}
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory for the shards and the "
+                   "manifest (created; shards of the same names are replaced)")
+    p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(run=cmd_export, set=[])
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every flag comes from a dataclass field: FederateConfig, the partitions' settings, TrackConfig and
     RunOptions (help, default, unit and range are written once, there)."""
@@ -89,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
               for name, note in GROUPS.items()}
     add_settings(p, FederateConfig, groups=groups)
     seen = {f.name for f in dataclasses.fields(FederateConfig)}
-    for settings in partition_settings():  # a setting two partitions share is one flag
+    for settings in partition_settings_classes():  # a setting two partitions share is one flag
         add_settings(p, settings, groups=groups, skip=tuple(seen))
         seen |= {f.name for f in dataclasses.fields(settings)}
     add_set_flag(groups["federated training"], "an algorithm setting, e.g. --set mu=0.1 (repeatable; see "
@@ -102,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     errors = (DataError, PartitionError, InitError, CheckpointError, BackboneError, RunDirError, ValueError)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["export-partitions"]:
+        return run_main("federate export-partitions", build_export_parser(), argv[1:], errors)
     return run_main("federate", build_parser(), argv, errors, (DivergenceError, FlowerError))
 
 

@@ -14,6 +14,7 @@ keyword arguments, keeps them in ``partition_args`` and writes them flat in ``co
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -207,10 +208,39 @@ class RunOptions(RunFlags):
                                                  "replies; a client without one ends the run in one line "
                                                  "(--resume continues it)", within="(0, inf)", metavar="S",
                                            group="run", default_text="no limit")
+    min_replies: str = setting("1.0", "--engine flower: the replies a round needs, a count N or a fraction F "
+                                      "of its clients (0.8: 8 of 10, rounded up); with enough the round "
+                                      "aggregates over the clients that replied (their FedAvg weights "
+                                      "renormalised) and metrics.jsonl names the missing ones; with fewer "
+                                      "the run ends in one line (--resume continues it)", metavar="N|F",
+                               group="run", default_text="1.0: every client")
+    shards: Path | None = setting(None, "flwr run . on a SuperLink whose SuperNodes hold node-local shards "
+                                        "(node config data-dir): the federate export-partitions directory "
+                                        "they came from; the server checks that its manifest is this run's "
+                                        "partition and every reply's shard sha256 against it", parse=Path,
+                                  metavar="DIR", group="run", default_text="none: nodes draw their partition")
 
     def __post_init__(self) -> None:
         check(self)
         flower_resources(self.flower_resources)
+        needed_replies(self.min_replies, 1)
+
+
+def needed_replies(spec: str, selected: int) -> int:
+    """How many of a round's ``selected`` clients must reply under ``--min-replies spec``: an integer is a
+    count (at most ``selected``), a number with a point or in (0, 1) a fraction, rounded up (at least 1)."""
+    text = str(spec).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"--min-replies expects a count N or a fraction in (0, 1], got {text!r}") from None
+    fraction = "." in text or "e" in text.lower() or 0 < value < 1
+    if fraction and not 0 < value <= 1:
+        raise ValueError(f"--min-replies: a fraction must be in (0, 1], got {text}")
+    if not fraction and (value < 1 or value != int(value)):
+        raise ValueError(f"--min-replies: a count must be a whole number >= 1, got {text}")
+    need = math.ceil(value * selected - 1e-9) if fraction else int(value)
+    return max(1, min(need, selected))
 
 
 def flower_resources(text: str) -> dict[str, float]:

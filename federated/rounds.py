@@ -14,6 +14,7 @@ or Flower messages to ClientApps that call :func:`make_job` and :func:`train_cli
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,7 +106,8 @@ class RoundPlan:
 
 
 # A dispatcher trains a round's clients and returns their results and mean local losses in plan.selected
-# order: train_in_process (this process) or federated.flower.engine's (Flower messages, one per client).
+# order: train_in_process (this process) or federated.flower's (Flower messages, one per client), which
+# may leave out clients that did not reply (--min-replies): the round then aggregates over the others.
 Dispatch = Callable[[Setup, FederateConfig, RoundPlan, torch.device, "tqdm | None"],
                     tuple[list[ClientResult], list[float]]]
 
@@ -117,8 +119,17 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
     ``dispatch`` trains the clients (default: :func:`train_in_process`)."""
     plan = plan_round(s, cfg, rnd)
     results, losses = (dispatch or train_in_process)(s, cfg, plan, device, bar)
+    replied = {r.client for r in results}
+    missing = [c for c in plan.selected if c not in replied]
+    if missing:  # a Flower round with enough replies (--min-replies): the clients that replied take part
+        kept = [i for i, c in enumerate(plan.selected) if c in replied]
+        plan = dataclasses.replace(plan, selected=[plan.selected[i] for i in kept],
+                                   pools=[plan.pools[i] for i in kept])
     k = client_batch(cfg, s.task, device, len(plan.selected))[0] if dispatch is None else 1
-    return close_round(s, cfg, plan, results, losses, k, run, bar, tracker)
+    record = close_round(s, cfg, plan, results, losses, k, run, bar, tracker)
+    if missing:
+        record["missing_clients"] = missing
+    return record
 
 
 def plan_round(s: Setup, cfg: FederateConfig, rnd: int) -> RoundPlan:

@@ -41,6 +41,9 @@ def require_flower(cfg: FederateConfig, opts: RunOptions, data_given: bool = Fal
         raise UsageError(f"--engine flower needs Flower with its simulation engine: {EXTRA}")
     if cfg.centralized:
         raise UsageError("--engine flower: --centralized trains no clients; use the inprocess engine")
+    if opts.shards is not None:
+        raise UsageError("--shards: node-local shards are for a deployment (flwr run . on a SuperLink, each "
+                         "SuperNode with node config data-dir); the simulation's clients draw the partition")
     if data_given:
         raise UsageError("--engine flower: each ClientApp loads --dataset itself; data passed in memory is "
                          "for the inprocess engine")

@@ -19,8 +19,11 @@ travels. A Context starts empty in each Flower run, so when the server says the 
 reply says the state is lost; the server names every such client in one line.
 
 The client trains with :func:`federated.rounds.make_job` and :func:`federated.rounds.train_client`, the
-in-process engine's functions, on its own partition (loaded once per process; deterministic in the
-config's seed; ``data-root`` in the node config overrides where the dataset lives).
+in-process engine's functions, on its own partition, built once per process: with ``data-dir`` in the node
+config, the node's own shard of ``federate export-partitions`` (:mod:`federated.shards`: only that file is
+read, never the test set; the reply carries its sha256 in ``fpsfl.node``, which the server checks);
+otherwise drawn from the whole dataset as the server draws it (deterministic in the config's seed;
+``data-root`` in the node config says where the dataset lives).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from ..experiment import FederateConfig
 from ..local import DivergenceError
 from ..rounds import RoundPlan, frozen_copy, lr_at, make_job, train_client
 from ..setup import Setup, setup
+from ..shards import Shard, ShardError, check_manifest, load_shard, partition_settings
 from .records import get_tree, has_tree, put_tree
 from .run_config import options_from_run_config
 
@@ -60,7 +64,10 @@ def train(msg: Message, context: Context) -> Message:
     cfg = _config(config, context)
     client = int(config.get("client", context.node_config.get("partition-id", -1)))
     device = resolve_device(str(context.node_config.get("device", config.get("device", "auto"))))
-    s = _setup(cfg, context.node_config.get("data-root"), device)
+    try:
+        s, shard = _setup(cfg, context.node_config, client, device)
+    except ShardError as exc:
+        return _fail(msg, "config", str(exc))
     if not 0 <= client < len(s.parts):
         return _fail(msg, "config", f"this node serves client {client}, which a {len(s.parts)}-client "
                                     f"partition does not have (node config partition-id)")
@@ -76,6 +83,8 @@ def train(msg: Message, context: Context) -> Message:
     if has_tree(msg.content, "fpsfl.pools"):
         pools = get_tree(msg.content, "fpsfl.pools")
         pools = [pools[str(epoch)] for epoch in range(len(pools))]
+        if shard is not None:  # the server draws pools in the full training set's positions
+            pools = [shard.to_local(pool) for pool in pools]
     else:  # FedAvg's default: the client's whole partition every local epoch
         pools = [s.parts[client]] * cfg.local_epochs
     global_state = {k: v.to(device) for k, v in msg.content["arrays"].to_torch_state_dict().items()}
@@ -94,6 +103,8 @@ def train(msg: Message, context: Context) -> Message:
                                                  "keeps-state": int(bool(state))})})
     if result.extra:
         put_tree(reply, "fpsfl.extra", result.extra)
+    if shard is not None:  # which data it trained on: the server checks it against its manifest
+        reply["fpsfl.node"] = ConfigRecord({"shard-sha256": shard.sha256})
     return Message(reply, reply_to=msg)
 
 
@@ -104,15 +115,24 @@ def _config(config: ConfigRecord, context: Context) -> FederateConfig:
     return options_from_run_config(dict(context.run_config))[0]
 
 
-def _setup(cfg: FederateConfig, data_root: object, device: torch.device) -> Setup:
-    """The run's data, partition, task, model and algorithm in this process (built once per config)."""
+def _setup(cfg: FederateConfig, node_config: dict, client: int,
+           device: torch.device) -> tuple[Setup, Shard | None]:
+    """The run's data, partition, task, model and algorithm in this process (built once per config), and
+    the node's shard when its node config names a ``data-dir`` (then only that shard is loaded)."""
     values = cfg.to_dict()
-    if data_root:
-        values["data_root"] = str(data_root)
-    key = json.dumps([values, str(device)], sort_keys=True, default=str)
+    if node_config.get("data-root"):
+        values["data_root"] = str(node_config["data-root"])
+    data_dir = str(node_config.get("data-dir") or "")
+    key = json.dumps([values, str(device), data_dir, client if data_dir else None], sort_keys=True,
+                     default=str)
     if key not in _SETUP:
         _SETUP.clear()
-        _SETUP[key] = setup(FederateConfig.from_dict(values), device, load_init=False)  # weights: per message
+        cfg = FederateConfig.from_dict(values)
+        shard = None
+        if data_dir:
+            shard = load_shard(data_dir, client)
+            check_manifest(shard.manifest, partition_settings(cfg), shard.manifest["sizes"], data_dir)
+        _SETUP[key] = (setup(cfg, device, load_init=False, shard=shard), shard)  # weights: per message
     return _SETUP[key]
 
 

@@ -37,7 +37,8 @@ def simulate(cfg: FederateConfig, opts: RunOptions,
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        rows.extend(rounds(FlowerDispatch(grid, opts.device, timeout_s=opts.flower_timeout)))
+        rows.extend(rounds(FlowerDispatch(grid, opts.device, timeout_s=opts.flower_timeout,
+                                          min_replies=opts.min_replies)))
 
     backend = {"client_resources": flower_resources(opts.flower_resources),
                "init_args": {"include_dashboard": False}}

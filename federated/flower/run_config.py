@@ -21,7 +21,8 @@ from ..experiment import FederateConfig, RunOptions
 from ..partitions import setting_fields
 
 ALIASES = {"num-server-rounds": "rounds"}  # Flower's name for the round count
-RUN_KEYS = ("out", "device", "resume", "flower-timeout")  # RunOptions' (not the result's)
+# RunOptions' (not the result's)
+RUN_KEYS = ("out", "device", "resume", "flower-timeout", "min-replies", "shards")
 NOT_HERE = {"tracking", "algo_args", "partition_args"}  # nested: set, or the CLI's own flags
 
 
@@ -45,8 +46,8 @@ def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig,
             values[name] = coerce(key, value, cfg_types[name])
         elif name in partition:
             values[name] = coerce(key, value, _kind(partition[name]))
-        elif name == "out":
-            run["out"] = Path(str(value)).expanduser()
+        elif name in ("out", "shards"):
+            run[name] = Path(str(value)).expanduser()
         elif name in run_types:
             run[name] = coerce(key, value, run_types[name])
         else:

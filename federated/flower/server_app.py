@@ -19,7 +19,9 @@ settings from the typed run config (:mod:`.run_config`) and runs :func:`federate
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -27,51 +29,79 @@ from flwr.serverapp import Grid, ServerApp
 from tqdm import tqdm
 
 from ..algorithms import ClientResult
-from ..experiment import FederateConfig, RunOptions
+from ..experiment import FederateConfig, RunOptions, needed_replies
 from ..local import DivergenceError
 from ..rounds import RoundPlan
 from ..runner import run
 from ..setup import Setup
+from ..shards import check_manifest, partition_settings, read_manifest
 from . import FlowerError
 from .records import get_tree, put_tree
 from .run_config import options_from_run_config
 
-NODE_WAIT_S = 600.0  # how long a deployment waits for its SuperNodes to connect
+NODE_WAIT_S = 600.0  # s a round waits for enough SuperNodes to be online (the first: for all)
+QUERY_S = 30.0  # s a new node has to say which client it serves
 PULL_S = 0.1  # between pulls for replies
 IN_CONTEXT = {"in-context": True}  # the server's record of a client whose state lives in its Context
 
 
 class FlowerDispatch:
-    """Trains a round's clients through Flower messages (a :data:`federated.rounds.Dispatch`)."""
+    """Trains a round's clients through Flower messages (a :data:`federated.rounds.Dispatch`).
+
+    A round goes on when at least ``--min-replies`` of its clients reply: the ones without a node online,
+    without a reply within ``--flower-timeout`` or whose node reports an error are left out of it (the round
+    loop aggregates over the others and records them as ``missing_clients``); with fewer the run ends in one
+    line.
+    """
 
     def __init__(self, grid: Grid, device: str = "auto", wait_s: float = NODE_WAIT_S,
-                 timeout_s: float | None = None):
+                 timeout_s: float | None = None, min_replies: str = "1.0", shards: Path | None = None):
         self.grid, self.device, self.wait_s, self.timeout_s = grid, device, wait_s, timeout_s
+        self.min_replies = min_replies
+        self.shards = shards  # the export-partitions directory the nodes' shards came from (None: no shards)
+        self.manifest = None if shards is None else read_manifest(shards)  # a bad one: one line, at once
+        self.expected: dict[int, str] | None = None  # client -> shard sha256, once checked against the run
         self.nodes: dict[int, int] = {}  # client id -> Flower node id
+        self.started = False  # the first round waits for every client's node (up to wait_s)
+        self.strangers: set[int] = set()  # nodes not to ask again: out-of-range or superseded partition-ids
 
     def __call__(self, s: Setup, cfg: FederateConfig, plan: RoundPlan, device: torch.device,
                  bar: tqdm | None) -> tuple[list[ClientResult], list[float]]:
-        nodes = self._nodes(cfg.clients)
+        need = needed_replies(self.min_replies, len(plan.selected))
+        if self.manifest is not None and self.expected is None:
+            self.expected = check_manifest(self.manifest, partition_settings(cfg), [len(p) for p in s.parts],
+                                           str(self.shards))
+        nodes = self._nodes(cfg.clients, plan.selected, need)
         config = json.dumps(cfg.to_dict())
-        messages = [self._message(s, cfg, config, plan, i, nodes[c]) for i, c in enumerate(plan.selected)]
+        sent = [(i, c) for i, c in enumerate(plan.selected) if c in nodes]
+        messages = [self._message(s, cfg, config, plan, i, nodes[c]) for i, c in sent]
         if bar is not None:
             bar.set_postfix_str(f"{len(messages)} Flower clients")
-        replies = self._exchange(messages, self.timeout_s)
-        silent = [c for c, r in zip(plan.selected, replies, strict=True) if r is None]
-        if silent:
-            raise FlowerError(f"client(s) {', '.join(map(str, silent))}: no reply within --flower-timeout "
-                              f"{self.timeout_s:g} s; the rounds before are kept (--resume continues)")
-        lost = [c for c, r in zip(plan.selected, replies, strict=True)
-                if r is not None and not r.has_error() and _failed(r) == "lost"]
+        replies = dict(zip([c for _, c in sent], self._exchange(messages, self.timeout_s), strict=True))
+        missing = {c: "no Flower node online" for c in plan.selected if c not in nodes}
+        for client, reply in replies.items():
+            if reply is None:
+                missing[client] = f"no reply within --flower-timeout {self.timeout_s:g} s"
+            elif reply.has_error():
+                missing[client] = f"its node reported error {reply.error.code}: {reply.error.reason}"
+        lost = [c for c, r in replies.items() if c not in missing and _failed(r) == "lost"]
         if lost:
             raise FlowerError(f"client(s) {', '.join(map(str, lost))}: their {cfg.algo} state is gone from "
                               f"their Flower Context (a new Flower run, e.g. after --resume, or a restarted "
                               f"SuperNode); this run cannot continue them: start a new run")
+        why = "; ".join(f"client {c}: {reason}" for c, reason in sorted(missing.items()))
+        if len(plan.selected) - len(missing) < need:
+            raise FlowerError(f"round {plan.rnd + 1}: {len(plan.selected) - len(missing)} of "
+                              f"{len(plan.selected)} clients replied, --min-replies {self.min_replies} needs "
+                              f"{need} ({why}); the rounds before are kept (--resume continues)")
+        if missing:
+            tqdm.write(f"federate: round {plan.rnd + 1} goes on without {why}", file=sys.stderr)
         results, losses = [], []
-        for client, reply in zip(plan.selected, replies, strict=True):
-            result, loss = self._result(s, client, reply, device)
-            results.append(result)
-            losses.append(loss)
+        for client in plan.selected:
+            if client not in missing:
+                result, loss = self._result(s, client, replies[client], device)
+                results.append(result)
+                losses.append(loss)
         return results, losses
 
     def _message(self, s: Setup, cfg: FederateConfig, config: str, plan: RoundPlan, i: int,
@@ -92,6 +122,8 @@ class FlowerDispatch:
 
     def _exchange(self, messages: list[Message], timeout_s: float | None = None) -> list[Message | None]:
         """Each message's reply (None: none came within ``timeout_s``), matched by ``reply_to_message_id``."""
+        if not messages:
+            return []
         ids = [str(i) for i in self.grid.push_messages(messages)]
         replies: dict[str, Message] = {}
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -104,14 +136,19 @@ class FlowerDispatch:
 
     def _result(self, s: Setup, client: int, reply: Message,
                 device: torch.device) -> tuple[ClientResult, float]:
-        """A client's reply (the silent ones are refused before) as its ClientResult."""
-        if reply.has_error():
-            raise FlowerError(f"client {client}: its Flower node reported error {reply.error.code}: "
-                              f"{reply.error.reason}")
+        """A client's reply (the silent and failed nodes are sorted out before) as its ClientResult."""
         if _failed(reply):
             failed = reply.content["fpsfl.failed"]
             error = DivergenceError if failed["kind"] == "diverged" else FlowerError
-            raise error(str(failed["reason"]))
+            raise error(f"client {client}: {failed['reason']}" if failed["kind"] != "diverged"
+                        else str(failed["reason"]))
+        if self.expected is not None:
+            node = reply.content["fpsfl.node"] if "fpsfl.node" in reply.content else {}
+            got = str(node.get("shard-sha256", "none: its SuperNode has no data-dir"))
+            if got != self.expected[client]:
+                raise FlowerError(f"client {client}: its node trained on a shard with sha256 {got[:16]}, not "
+                                  f"{self.expected[client][:16]} of {self.shards}'s manifest; give it the "
+                                  f"manifest's shard (node config data-dir)")
         metrics = reply.content["metrics"]
         if int(metrics["keeps-state"]):
             s.algo.clients[client] = dict(IN_CONTEXT)
@@ -120,29 +157,45 @@ class FlowerDispatch:
         return ClientResult(client, state, int(metrics["num-examples"]), int(metrics["steps"]), extra), \
             float(metrics["train-loss"])
 
-    def _nodes(self, clients: int) -> dict[int, int]:
-        """Client id -> node id of the nodes online now: a node not seen before (a new or restarted
-        SuperNode) is asked its partition-id; one gone is forgotten."""
+    def _nodes(self, clients: int, selected: list[int], need: int) -> dict[int, int]:
+        """Client id -> node id of the nodes online now, once enough of the round's clients have one: all of
+        them in the first round, ``need`` later (each waits up to ``wait_s``). A node not seen before (a new
+        or restarted SuperNode) is asked its partition-id; one gone is forgotten."""
         deadline = time.monotonic() + self.wait_s
-        while len(ids := set(self.grid.get_node_ids())) < clients:
+        while True:
+            self._learn(clients, set(self.grid.get_node_ids()))
+            served = sum(c in self.nodes for c in selected)
+            if served >= len(selected) or (served >= need and (self.started or time.monotonic() > deadline)):
+                break
             if time.monotonic() > deadline:
-                raise FlowerError(f"{len(ids)} of {clients} Flower nodes connected after {self.wait_s:.0f} s")
+                raise FlowerError(f"{served} of the round's {len(selected)} clients have a Flower node "
+                                  f"online after {self.wait_s:.0f} s (--min-replies {self.min_replies} "
+                                  f"needs {need}); give each SuperNode --node-config "
+                                  f"'partition-id=<0..{clients - 1}>'")
             time.sleep(0.2)
-        self.nodes = {c: n for c, n in self.nodes.items() if n in ids}
-        new = sorted(ids - set(self.nodes.values()))
-        queries = [Message(RecordDict(), dst_node_id=node, message_type="query") for node in new]
-        for node, reply in zip(new, self._exchange(queries, self.wait_s) if queries else [], strict=True):
-            if reply is None or reply.has_error():
-                raise FlowerError(f"Flower node {node}: {reply.error.reason if reply else 'no reply'}")
-            pid = int(reply.content["node"]["partition-id"])
-            if pid in self.nodes:
-                raise FlowerError(f"two Flower nodes say they are client {pid} (partition-id)")
-            self.nodes[pid] = node
-        missing = sorted(set(range(clients)) - set(self.nodes))
-        if missing:
-            raise FlowerError(f"no Flower node serves client(s) {missing}: give each SuperNode "
-                              f"--node-config 'partition-id=<0..{clients - 1}>'")
+        self.started = True
         return self.nodes
+
+    def _learn(self, clients: int, online: set[int]) -> None:
+        """Forget the nodes gone offline; ask the new ones which client they serve (a node that does not
+        answer within QUERY_S is asked again next time)."""
+        self.nodes = {c: n for c, n in self.nodes.items() if n in online}
+        new = sorted(online - set(self.nodes.values()) - self.strangers)
+        queries = [Message(RecordDict(), dst_node_id=node, message_type="query") for node in new]
+        for node, reply in zip(new, self._exchange(queries, QUERY_S), strict=True):
+            if reply is None or reply.has_error():
+                continue
+            pid = int(reply.content["node"]["partition-id"])
+            if not 0 <= pid < clients:
+                self.strangers.add(node)  # e.g. a SuperNode of another federation: not ours to use
+                tqdm.write(f"federate: Flower node {node} serves partition-id {pid}, which a "
+                           f"{clients}-client run does not have; it is left out", file=sys.stderr)
+            else:
+                if pid in self.nodes:  # a restarted SuperNode, its old node not yet offline: the new one wins
+                    self.strangers.add(self.nodes[pid])
+                    tqdm.write(f"federate: Flower node {node} now serves client {pid} (node "
+                               f"{self.nodes[pid]} did before)", file=sys.stderr)
+                self.nodes[pid] = node
 
 
 def _failed(reply: Message) -> str:
@@ -152,7 +205,8 @@ def _failed(reply: Message) -> str:
 def serve(grid: Grid, cfg: FederateConfig, opts: RunOptions) -> list[dict]:
     """federate's run with its clients behind ``grid``; its metrics rows."""
     return run(cfg, opts, host=lambda _cfg, rounds: rounds(
-        FlowerDispatch(grid, opts.device, timeout_s=opts.flower_timeout)))
+        FlowerDispatch(grid, opts.device, timeout_s=opts.flower_timeout, min_replies=opts.min_replies,
+                       shards=opts.shards)))
 
 
 app = ServerApp()

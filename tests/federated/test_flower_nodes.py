@@ -1,0 +1,252 @@
+"""Flower rounds with nodes that fail, restart or hold only their own data (issue 25): ``--min-replies``
+(enough replies: the round aggregates over them and names the missing clients; too few: one line, and
+``--resume`` continues), nodes re-sampled every round (a restarted SuperNode rejoins under a new node id), and
+node-local shards (``federate export-partitions``; a node's shard checked by the node and by the server).
+
+The nodes here are our ClientApp called in this process through a Grid stand-in (:class:`LocalGrid`), so
+these tests run in seconds; the same over real SuperNode processes is test_flower_deploy.py (slow).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from federated import runner
+from federated.cli import main
+from federated.experiment import FederateConfig, RunOptions, needed_replies
+
+TINY = dict(dataset="digits", clients=3, rounds=2, local_epochs=1, batch_size=32, width=0.25, alpha=1.0,
+            seed=0, eval_local=False)
+
+
+@pytest.fixture(autouse=True)
+def _flower(monkeypatch):
+    """Flower, and the identity a ServerApp process has (flwr sets it; a Message needs it)."""
+    pytest.importorskip("flwr", reason="Flower is not installed (pip install -e '.[flower]')")
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+class LocalGrid:
+    """A Grid whose nodes run our ClientApp in this process. ``down`` nodes are offline (not listed, no
+    reply), ``mute`` nodes are listed and say which client they serve but never answer a train message (a
+    hung ClientApp); ``replies`` keeps every train reply."""
+
+    def __init__(self, clients: int, node_config: dict | None = None):
+        self.contexts = {}
+        self.down: set[int] = set()
+        self.mute: set[int] = set()
+        self.outbox: dict = {}
+        self.replies: list = []
+        self.pushed = 0
+        for client in range(clients):
+            self.add_node(100 + client, client, node_config)
+
+    def add_node(self, node: int, client: int, node_config: dict | None = None) -> None:
+        from flwr.app import Context, RecordDict
+
+        self.contexts[node] = Context(run_id=1, node_id=node, node_config={"partition-id": client,
+                                                                          **(node_config or {})},
+                                      state=RecordDict(), run_config={})
+
+    def get_node_ids(self):
+        return [n for n in self.contexts if n not in self.down]
+
+    def push_messages(self, messages):
+        from flwr.app import Message, Metadata
+
+        from federated.flower.client_app import query, train
+
+        ids = []
+        for message in messages:
+            self.pushed += 1
+            node, kind = message.metadata.dst_node_id, message.metadata.message_type
+            meta = Metadata(run_id=1, message_id=f"m{self.pushed}", src_node_id=0, dst_node_id=node,
+                            reply_to_message_id="", group_id="", created_at=time.time(), ttl=60.0,
+                            message_type=kind)
+            if node not in self.down and not (node in self.mute and kind == "train"):
+                reply = (train if kind == "train" else query)(Message(message.content, metadata=meta),
+                                                               self.contexts[node])
+                self.outbox[meta.message_id] = reply
+                if kind == "train":
+                    self.replies.append(reply)
+            ids.append(meta.message_id)
+        return ids
+
+    def pull_messages(self, ids):
+        return [self.outbox.pop(i) for i in ids if i in self.outbox]
+
+
+def _serve(grid, path, resume=False, stop_after=None, min_replies="1.0", timeout_s=0.5, shards=None, **extra):
+    from federated.flower.server_app import FlowerDispatch
+
+    cfg = FederateConfig(**{**TINY, **extra})
+    opts = RunOptions(out=path, device="cpu", progress=False, engine="flower", resume=resume,
+                      stop_after=stop_after, min_replies=min_replies)
+    dispatch = FlowerDispatch(grid, "cpu", wait_s=0.5, timeout_s=timeout_s, min_replies=min_replies,
+                              shards=shards)
+    return runner.run(cfg, opts, host=lambda _cfg, rounds: rounds(dispatch))
+
+
+def _rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---- --min-replies ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec,selected,need", [("1.0", 10, 10), ("0.8", 10, 8), ("0.75", 10, 8),
+                                                ("8", 10, 8), ("12", 10, 10), ("1", 10, 1), ("0.01", 3, 1)])
+def test_min_replies_is_a_count_or_a_fraction(spec, selected, need):
+    assert needed_replies(spec, selected) == need
+
+
+@pytest.mark.parametrize("spec", ["0", "1.5", "-2", "2.5", "most"])
+def test_a_bad_min_replies_is_one_line_and_exit_2(tmp_path, capsys, spec):
+    assert main(["--engine", "flower", "--min-replies", spec, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--min-replies" in err and len(err.splitlines()) == 1
+
+
+def test_a_round_with_enough_replies_aggregates_over_them_and_names_the_missing(tmp_path):
+    """Client 2's node goes offline after round 1: round 2 goes on with clients 0 and 1, their FedAvg
+    weights renormalised over the two (the global model is their size-weighted mean)."""
+    grid = LocalGrid(3)
+    _serve(grid, tmp_path, stop_after=1)
+    grid.down.add(102)
+    grid.replies.clear()
+    _serve(grid, tmp_path, resume=True, min_replies="0.6")
+    rows = _rows(tmp_path)
+    assert "missing_clients" not in rows[0] and rows[1]["missing_clients"] == [2]
+    assert rows[1]["clients"] == [0, 1] and len(rows[1]["client_sizes"]) == 2
+    states = [r.content["arrays"].to_torch_state_dict() for r in grid.replies]
+    weights = torch.tensor([float(r.content["metrics"]["num-examples"]) for r in grid.replies],
+                           dtype=torch.float64)
+    final = torch.load(tmp_path / "final.pt", weights_only=True)["model"]
+    for key, value in final.items():
+        if value.is_floating_point():
+            mean = sum(w * s[key].double() for w, s in zip(weights / weights.sum(), states, strict=True))
+            assert torch.allclose(value.double(), mean, atol=1e-6), key
+
+
+def test_too_few_replies_end_the_run_in_one_line_and_resume_continues(tmp_path):
+    from federated.flower import FlowerError
+
+    grid = LocalGrid(3)
+    _serve(grid, tmp_path, stop_after=1)
+    grid.mute.add(101)  # client 1's ClientApp hangs in round 2
+    with pytest.raises(FlowerError) as failed:
+        _serve(grid, tmp_path, resume=True, min_replies="3")
+    message = str(failed.value)
+    assert "round 2: 2 of 3 clients replied, --min-replies 3 needs 3" in message
+    assert "client 1: no reply within --flower-timeout 0.5 s" in message
+    assert "--resume continues" in message and "\n" not in message
+    assert [r["round"] for r in _rows(tmp_path)] == [1]
+    grid.mute.clear()
+    _serve(grid, tmp_path, resume=True)
+    assert [r["round"] for r in _rows(tmp_path)] == [1, 2]
+
+
+def test_a_restarted_node_rejoins_under_a_new_node_id(tmp_path):
+    """A restarted insecure SuperNode comes back with a new node id (its old one may still be listed): the
+    next round asks it which client it serves and sends that client's message there."""
+    grid = LocalGrid(3)
+    _serve(grid, tmp_path, stop_after=1)
+    grid.add_node(202, 2)  # client 2 again, on a new node; node 102 not yet offline
+    grid.mute.add(102)
+    _serve(grid, tmp_path, resume=True)
+    rows = _rows(tmp_path)
+    assert rows[1]["clients"] == [0, 1, 2] and "missing_clients" not in rows[1]
+
+
+def test_a_restarted_node_of_a_stateful_algorithm_says_its_state_is_lost(tmp_path):
+    from federated.flower import FlowerError
+
+    grid = LocalGrid(3)
+    _serve(grid, tmp_path, stop_after=1, algo="scaffold")
+    grid.down.add(102)
+    grid.add_node(202, 2)  # an empty Context: SCAFFOLD's c_2 is gone
+    with pytest.raises(FlowerError, match=r"client\(s\) 2: their scaffold state is gone"):
+        _serve(grid, tmp_path, resume=True, algo="scaffold")
+
+
+# ---- node-local shards --------------------------------------------------------------------------------
+def _export(path, *args):
+    assert main(["export-partitions", "--clients", "3", "--alpha", "1.0", "--quiet", "--out", str(path),
+                 *args]) == 0
+    return path
+
+
+def test_export_writes_each_clients_samples_once_with_their_hashes(tmp_path):
+    from federated.setup import partitioned
+    from federated.shards import load_shard, read_manifest, shard_digest
+
+    out = _export(tmp_path / "shards")
+    manifest = read_manifest(out)
+    data, _, parts = partitioned(FederateConfig(**TINY))
+    assert manifest["sizes"] == [len(p) for p in parts]
+    assert manifest["settings"]["alpha"] == 1.0 and manifest["settings"]["clients"] == 3
+    seen = []
+    for client, part in enumerate(parts):
+        shard = load_shard(out, client)
+        assert torch.equal(shard.data.train_x, data.train_x[part]) and torch.equal(shard.data.train_y,
+                                                                                    data.train_y[part])
+        assert len(shard.data.test_x) == 0 and len(shard.data.val_x) == 0  # a node never holds the test set
+        assert shard.sha256 == manifest["shards"][client]["sha256"] == shard_digest(shard.data.train_x.numpy(),
+                                                                                     shard.data.train_y.numpy())
+        seen.extend(shard.index.tolist())
+        assert torch.equal(shard.to_local(torch.as_tensor(part[::-1].copy())),
+                           torch.arange(len(part)).flip(0))
+    assert sorted(seen) == sorted(np.concatenate(parts).tolist()) and len(seen) == len(set(seen))
+
+
+def test_a_changed_shard_is_refused(tmp_path):
+    from federated.shards import ShardError, load_shard
+
+    out = _export(tmp_path / "shards")
+    with np.load(out / "client-0001.npz") as npz:
+        x, y, index = npz["x"].copy(), npz["y"], npz["index"]
+    x[0, 0, 0, 0] ^= 1
+    np.savez(out / "client-0001.npz", x=x, y=y, index=index)
+    load_shard(out, 0)
+    with pytest.raises(ShardError, match="client-0001.npz: its contents do not match the manifest"):
+        load_shard(out, 1)
+    with pytest.raises(ShardError, match="no shard manifest"):
+        load_shard(tmp_path, 0)
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "fedvc"])  # fedvc: the server draws pools in global positions
+def test_nodes_on_their_own_shards_give_the_run_of_nodes_with_the_whole_dataset(tmp_path, algo):
+    out = _export(tmp_path / "shards")
+    _serve(LocalGrid(3), tmp_path / "whole", algo=algo)
+    grid = LocalGrid(3, {"data-dir": str(out)})
+    _serve(grid, tmp_path / "shards-run", algo=algo, shards=out)
+    assert all("fpsfl.node" in r.content for r in grid.replies)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(_rows(tmp_path / "whole")) == strip(_rows(tmp_path / "shards-run"))
+
+
+def test_the_server_refuses_a_node_without_the_manifests_shard(tmp_path):
+    from federated.flower import FlowerError
+
+    out = _export(tmp_path / "shards")
+    grid = LocalGrid(3, {"data-dir": str(out)})
+    grid.add_node(102, 2)  # client 2's node holds the whole dataset, not its shard
+    with pytest.raises(FlowerError, match="client 2: its node trained on a shard with sha256 none"):
+        _serve(grid, tmp_path / "run", shards=out)
+
+
+def test_shards_of_another_partition_are_refused_by_node_and_server(tmp_path):
+    from federated.flower import FlowerError
+    from federated.shards import ShardError
+
+    other = _export(tmp_path / "other", "--seed", "1")
+    with pytest.raises(ShardError, match="other settings: seed 1 \\(run: 0\\)"):
+        _serve(LocalGrid(3), tmp_path / "server", shards=other)
+    with pytest.raises(FlowerError, match="client 0: .*other settings: seed 1"):
+        _serve(LocalGrid(3, {"data-dir": str(other)}), tmp_path / "node")
