@@ -1,8 +1,10 @@
-"""A Flower deployment on loopback (recipes/flower_deploy.sh): a SuperLink and two SuperNodes as separate
-processes on 127.0.0.1 (free ports, no TLS), and ``flwr run`` of the repository's Flower app (pyproject.toml
-[tool.flwr.app]), whose ServerApp runs one FedAvg round of federate on digits. Slow: every Flower process
-and every ClientApp process starts Python and torch. Bounded in time, and every process it started is
-stopped even when it fails."""
+"""A Flower deployment on loopback (recipes/flower_deploy.sh): a SuperLink and SuperNodes as separate
+processes on 127.0.0.1 (free ports, no TLS), each SuperNode holding only its own shard of ``federate
+export-partitions``, and ``flwr run`` of the repository's Flower app (pyproject.toml [tool.flwr.app]),
+whose ServerApp runs federate on digits and checks every reply's shard against the manifest. Slow: every
+Flower process and every ClientApp process starts Python and torch. Bounded in time, and every process it
+started is stopped even when it fails.
+"""
 
 from __future__ import annotations
 
@@ -16,18 +18,24 @@ from pathlib import Path
 
 import pytest
 
+from federated.cli import main
+
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "flower_deploy.sh"
 LIMIT_S = 600
 
 
-@pytest.mark.slow
-def test_loopback_deployment_runs_a_fedavg_round(tmp_path):
+def _deploy(tmp_path, clients, entries, **env_extra):
+    """The recipe's run on node-local shards; (its JSON summary, metrics rows, stderr)."""
     pytest.importorskip("flwr", reason="Flower is not installed (pip install -e '.[flower]')")
+    shards = tmp_path / "shards"
+    assert main(["export-partitions", "--clients", str(clients), "--alpha", "1.0", "--quiet",
+                 "--out", str(shards)]) == 0
     work = tmp_path / "flower"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "CLIENTS": "2", "TIMEOUT": str(LIMIT_S - 60), "WORK": str(work), "OMP_NUM_THREADS": "1"}
-    cmd = ["bash", str(RECIPE), str(tmp_path / "run"), "algo='fedavg'", "num-server-rounds=1",
-           "local-epochs=1", "width=0.25", "device='cpu'", "eval-local=false"]
+           "CLIENTS": str(clients), "TIMEOUT": str(LIMIT_S - 60), "WORK": str(work), "OMP_NUM_THREADS": "1",
+           "SHARDS": str(shards), **env_extra}
+    cmd = ["bash", str(RECIPE), str(tmp_path / "run"), "alpha=1.0", "local-epochs=1", "width=0.25",
+           "device='cpu'", "eval-local=false", *entries]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -35,11 +43,31 @@ def test_loopback_deployment_runs_a_fedavg_round(tmp_path):
     finally:
         _stop(proc, work / "flwr")
     assert proc.returncode == 0, err[-4000:]
-    assert json.loads(out.splitlines()[-1])["rounds"] == 1
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows] == [1] and rows[0]["clients"] == [0, 1]
-    assert 0 <= rows[0]["test_acc"] <= 1
     assert (tmp_path / "run" / "final.pt").is_file()
+    return json.loads(out.splitlines()[-1]), rows, err
+
+
+@pytest.mark.slow
+def test_loopback_deployment_on_node_local_shards_runs_fedavg(tmp_path):
+    summary, rows, _ = _deploy(tmp_path, 2, ["algo='fedavg'", "num-server-rounds=1"])
+    assert summary["rounds"] == 1 and [r["round"] for r in rows] == [1] and rows[0]["clients"] == [0, 1]
+    assert 0 <= rows[0]["test_acc"] <= 1
+
+
+@pytest.mark.slow
+def test_a_killed_and_restarted_supernode_misses_rounds_and_rejoins(tmp_path):
+    """SuperNode 2 of 3 is killed (SIGKILL) as round 3 starts and started again as round 5 starts; with
+    --min-replies 0.6 the rounds go on without it (named in metrics.jsonl) and it rejoins, under a new node
+    id, by the last round."""
+    _, rows, err = _deploy(tmp_path, 3, ["algo='fedavg'", "num-server-rounds=7", "min-replies=0.6",
+                                         "flower-timeout=30"], KILL="2:3:5")
+    assert [r["round"] for r in rows] == list(range(1, 8))
+    missing = {r["round"]: r.get("missing_clients", []) for r in rows}
+    assert missing[1] == missing[2] == [] and missing[4] == [2], missing  # down for all of round 4
+    assert all(missing[r] in ([], [2]) for r in (3, 5, 6)), missing
+    assert rows[-1]["clients"] == [0, 1, 2] and missing[7] == [], missing
+    assert "killed SuperNode 2" in err and "started SuperNode 2 again" in err
 
 
 def _stop(proc: subprocess.Popen, flwr_home: Path) -> None:
