@@ -24,7 +24,15 @@ import torch
 from tqdm import tqdm
 
 from fpsfl.base.checkpoint import CheckpointError
-from fpsfl.base.cli import Parser, add_set_flag, add_settings, parse_settings, run_main, settings_from
+from fpsfl.base.cli import (
+    Parser,
+    UsageError,
+    add_set_flag,
+    add_settings,
+    parse_settings,
+    run_main,
+    settings_from,
+)
 from fpsfl.base.rundir import RunDirError
 from pretrain.backbones import BackboneError, check_backbone
 
@@ -77,6 +85,9 @@ def options_from(args: argparse.Namespace) -> tuple[FederateConfig, RunOptions]:
 def cmd_federate(args: argparse.Namespace) -> None:
     cfg, opts = options_from(args)
     out = opts.out
+    if opts.shards is not None and opts.engine == "inprocess":
+        raise UsageError("--shards: node-local shards are for flwr run . on a SuperLink (each SuperNode with "
+                         "node config data-dir); the inprocess engine draws the partition itself")
     # the engine is chosen here, at the top: the runner never imports federated.flower
     rows = (flower.run if opts.engine == "flower" else runner.run)(cfg, opts)
     if rows:

@@ -250,3 +250,15 @@ def test_shards_of_another_partition_are_refused_by_node_and_server(tmp_path):
         _serve(LocalGrid(3), tmp_path / "server", shards=other)
     with pytest.raises(FlowerError, match="client 0: .*other settings: seed 1"):
         _serve(LocalGrid(3, {"data-dir": str(other)}), tmp_path / "node")
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["export-partitions", "--clients", "0"], "clients"),
+    (["export-partitions", "--dataset", "cifar10", "--data-root", "/nonexistent"], "cifar"),
+    (["--shards", "shards"], "--shards: node-local shards are for flwr run ."),
+])
+def test_bad_shard_commands_are_one_line_and_exit_2(tmp_path, capsys, argv, says):
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err.lower() or says in err, err
+    assert len(err.splitlines()) == 1
