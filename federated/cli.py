@@ -63,6 +63,15 @@ def partition_settings_classes() -> list[type]:
     return [cls.Config for cls in PARTITIONS.values()]
 
 
+def add_partition_flags(parser: argparse.ArgumentParser, groups: dict | None = None) -> None:
+    """One flag per setting of the registered partitions (a setting two partitions share, or one that is a
+    FederateConfig field, is one flag)."""
+    seen = {f.name for f in dataclasses.fields(FederateConfig)}
+    for settings in partition_settings_classes():
+        add_settings(parser, settings, groups=groups, skip=tuple(seen))
+        seen |= {f.name for f in dataclasses.fields(settings)}
+
+
 def config_from(args: argparse.Namespace) -> FederateConfig:
     """The FederateConfig of parsed flags: every field and partition setting that was given."""
     values = settings_from(args, FederateConfig)
@@ -123,10 +132,7 @@ def build_export_parser() -> argparse.ArgumentParser:
     data_fields = tuple(f.name for f in dataclasses.fields(FederateConfig)
                         if f.metadata.get("group") in ("data", "partition")) + ("seed",)
     add_settings(p, FederateConfig, only=tuple(n for n in data_fields if n != "input_size"))
-    seen = {f.name for f in dataclasses.fields(FederateConfig)}
-    for settings in partition_settings_classes():
-        add_settings(p, settings, skip=tuple(seen))
-        seen |= {f.name for f in dataclasses.fields(settings)}
+    add_partition_flags(p)
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory for the shards and the "
                    "manifest (created; shards of the same names are replaced)")
     p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
@@ -141,10 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups = {name: p.add_argument_group(name, note and textwrap.fill(note, 100))
               for name, note in GROUPS.items()}
     add_settings(p, FederateConfig, groups=groups)
-    seen = {f.name for f in dataclasses.fields(FederateConfig)}
-    for settings in partition_settings_classes():  # a setting two partitions share is one flag
-        add_settings(p, settings, groups=groups, skip=tuple(seen))
-        seen |= {f.name for f in dataclasses.fields(settings)}
+    add_partition_flags(p, groups)
     add_set_flag(groups["federated training"], "an algorithm setting, e.g. --set mu=0.1 (repeatable; see "
                                                "README)")
     add_settings(p, TrackConfig, groups=groups)

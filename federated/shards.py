@@ -20,21 +20,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from fpsfl.base.checkpoint import atomic_write
+
 from .datasets import ImageData
 
 FORMAT = "fpsfl-shards/1"
 MANIFEST = "manifest.json"
-# the FederateConfig fields that decide which samples a client holds (the partition settings come on top)
-DATA_FIELDS = ("dataset", "store_size", "split_csv", "val_fraction", "seed", "partition", "clients",
-               "min_size")
+# the FederateConfig fields that decide which samples a client holds (the partition's settings and its
+# resolved min_size come on top)
+DATA_FIELDS = ("dataset", "store_size", "split_csv", "val_fraction", "seed", "partition", "clients")
 
 
 class ShardError(ValueError):
@@ -66,7 +68,7 @@ def partition_settings(cfg: Any) -> dict:
     """What decides a client's samples: :data:`DATA_FIELDS` and the partition's own settings (a dict that
     JSON round-trips, so a manifest read back compares equal)."""
     settings = {name: getattr(cfg, name) for name in DATA_FIELDS}
-    settings["min_size"] = cfg.partition_config().min_size  # None means the partition's default
+    settings["min_size"] = cfg.partition_config().min_size  # the field's None means the partition's default
     settings.update(cfg.partition_args)
     return json.loads(json.dumps(settings))
 
@@ -95,9 +97,7 @@ def export_shards(out: Path, settings: dict, data: ImageData, parts: list[torch.
     for client, part in enumerate(parts):
         x, y = data.train_x[part].cpu().numpy(), data.train_y[part].cpu().numpy()
         name = shard_name(client)
-        tmp = out / f".{name}.tmp.npz"
-        np.savez(tmp, x=x, y=y, index=part.cpu().numpy().astype(np.int64))
-        os.replace(tmp, out / name)
+        atomic_write(out / name, partial(_savez, x=x, y=y, index=part.cpu().numpy().astype(np.int64)))
         shards.append({"client": client, "file": name, "samples": int(len(part)),
                        "sha256": shard_digest(x, y)})
         if progress is not None:
@@ -106,10 +106,14 @@ def export_shards(out: Path, settings: dict, data: ImageData, parts: list[torch.
                 "class_counts": np.asarray(class_counts).astype(int).tolist(), "n_classes": data.n_classes,
                 "classes": list(data.classes), "input_size": data.input_size, "hflip": data.hflip,
                 "task": data.task, "shards": shards}
-    tmp = out / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, out / MANIFEST)
+    atomic_write(out / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"))
     return manifest
+
+
+def _savez(path: Path, **arrays: np.ndarray) -> None:
+    """``arrays`` as an .npz file at ``path`` (the temporary name :func:`atomic_write` gives)."""
+    with path.open("wb") as f:  # a file object: np.savez would append .npz to the temporary name
+        np.savez(f, **arrays)
 
 
 def read_manifest(data_dir: Path | str) -> dict:
@@ -154,16 +158,17 @@ def load_shard(data_dir: Path | str, client: int) -> Shard:
     return Shard(client, data, torch.from_numpy(index).long(), digest, manifest)
 
 
-def check_manifest(manifest: dict, settings: dict, sizes: list[int], where: str) -> dict[int, str]:
-    """Refuse (one line) a manifest that is not the run's partition: other settings, or other client sizes;
-    returns each client's shard sha256."""
+def check_manifest(manifest: dict, settings: dict, where: str,
+                   sizes: list[int] | None = None) -> dict[int, str]:
+    """Refuse (one line) a manifest that is not the run's partition: other settings, or (given ``sizes``,
+    the server's partition) other client sizes; returns each client's shard sha256."""
     mine = json.loads(json.dumps(settings))
     theirs = manifest.get("settings", {})
     changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if changed:
         diffs = ", ".join(f"{k} {theirs.get(k)!r} (run: {mine.get(k)!r})" for k in changed)
         raise ShardError(f"{where}: the shards were exported with other settings: {diffs}")
-    if list(manifest.get("sizes", [])) != list(sizes):
+    if sizes is not None and list(manifest.get("sizes", [])) != list(sizes):
         raise ShardError(f"{where}: the shards' client sizes differ from the run's partition")
     return {int(e["client"]): str(e["sha256"]) for e in manifest["shards"]}
 

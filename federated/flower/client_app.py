@@ -131,7 +131,7 @@ def _setup(cfg: FederateConfig, node_config: dict, client: int,
         shard = None
         if data_dir:
             shard = load_shard(data_dir, client)
-            check_manifest(shard.manifest, partition_settings(cfg), shard.manifest["sizes"], data_dir)
+            check_manifest(shard.manifest, partition_settings(cfg), data_dir)
         _SETUP[key] = (setup(cfg, device, load_init=False, shard=shard), shard)  # weights: per message
     return _SETUP[key]
 

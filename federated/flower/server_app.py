@@ -69,8 +69,8 @@ class FlowerDispatch:
                  bar: tqdm | None) -> tuple[list[ClientResult], list[float]]:
         need = needed_replies(self.min_replies, len(plan.selected))
         if self.manifest is not None and self.expected is None:
-            self.expected = check_manifest(self.manifest, partition_settings(cfg), [len(p) for p in s.parts],
-                                           str(self.shards))
+            self.expected = check_manifest(self.manifest, partition_settings(cfg), str(self.shards),
+                                           [len(p) for p in s.parts])
         nodes = self._nodes(cfg.clients, plan.selected, need)
         config = json.dumps(cfg.to_dict())
         sent = [(i, c) for i, c in enumerate(plan.selected) if c in nodes]
@@ -137,11 +137,10 @@ class FlowerDispatch:
     def _result(self, s: Setup, client: int, reply: Message,
                 device: torch.device) -> tuple[ClientResult, float]:
         """A client's reply (the silent and failed nodes are sorted out before) as its ClientResult."""
+        if _failed(reply) == "diverged":  # the round loop adds the round to its one line
+            raise DivergenceError(str(reply.content["fpsfl.failed"]["reason"]))
         if _failed(reply):
-            failed = reply.content["fpsfl.failed"]
-            error = DivergenceError if failed["kind"] == "diverged" else FlowerError
-            raise error(f"client {client}: {failed['reason']}" if failed["kind"] != "diverged"
-                        else str(failed["reason"]))
+            raise FlowerError(f"client {client}: {reply.content['fpsfl.failed']['reason']}")
         if self.expected is not None:
             node = reply.content["fpsfl.node"] if "fpsfl.node" in reply.content else {}
             got = str(node.get("shard-sha256", "none: its SuperNode has no data-dir"))

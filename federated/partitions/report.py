@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from fpsfl.base.checkpoint import atomic_write
 
 from .driver import client_noise, summary
 from .request import PartitionConfig, headline
@@ -30,15 +30,6 @@ def indices_sha256(parts: list[np.ndarray]) -> str:
     for p in parts:
         h.update(np.ascontiguousarray(p, dtype="<i8").tobytes())
     return h.hexdigest()
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _dumps(record: dict) -> str:
@@ -90,10 +81,10 @@ def write_partition_report(run_dir: Path, parts: list[np.ndarray], labels: np.nd
     info = summary(parts, labels, n_classes)
     record = {"config": cfg.to_dict(), "summary": info, "indices_sha256": indices_sha256(parts),
               "client_noise": [client_noise(cfg, i) for i in range(len(parts))]}  # sigma, [0,1] pixel units
-    _atomic_write(run_dir / "partition.json", lambda p: p.write_text(_dumps(record)))
+    atomic_write(run_dir / "partition.json", lambda p: p.write_text(_dumps(record)))
     counts = np.asarray(info["class_counts"], dtype=np.int64).reshape(len(parts), n_classes)
     fig = partition_figure(counts, cfg)
-    _atomic_write(run_dir / "partition.png", lambda p: fig.savefig(p, format="png", dpi=100))
+    atomic_write(run_dir / "partition.png", lambda p: fig.savefig(p, format="png", dpi=100))
 
 
 __all__ = ["indices_sha256", "partition_figure", "write_partition_report"]

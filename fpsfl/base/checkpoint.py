@@ -16,6 +16,7 @@ import os
 import pickle
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +32,21 @@ class CheckpointError(ValueError):
     """A file that is not a usable fpsfl backbone checkpoint; the message is one line."""
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then rename over it (atomic on POSIX)."""
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` to a temporary file beside ``path``, then rename it over ``path`` (atomic on POSIX): a
+    crash leaves the old file or the new one, never half of one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        torch.save(obj, tmp)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to ``path`` atomically (:func:`atomic_write`)."""
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def plain(value: Any) -> Any:

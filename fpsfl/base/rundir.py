@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import atomic_save, load_weights_only, plain
+from .checkpoint import atomic_save, atomic_write, load_weights_only, plain
 from .settings import setting
 
 try:
@@ -242,9 +242,7 @@ class RunDir:
 
     @staticmethod
     def _write_text(path: Path, text: str) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def _step(row: dict) -> int:
