@@ -26,4 +26,4 @@ if [[ ${#dry[@]} -eq 0 && -d "$wheels" ]] && compgen -G "$wheels/*.whl" > /dev/n
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 export PYTHONUNBUFFERED=1
-"$py" bench/gpu_bench.py "${dry[@]}" --out "$out/gpu.json"
+"$py" bench/gpu_bench.py "${dry[@]}" --out "$out/gpu.json" ${ONLY:+--only "$ONLY"}

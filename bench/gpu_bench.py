@@ -249,6 +249,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("gpu.json"), help="the JSON file (default: gpu.json)")
     p.add_argument("--budget", type=float, default=None, help="seconds after which the remaining sections "
                    "are skipped (default: 540 on a GPU, 300 on the dry run)")
+    p.add_argument("--only", default="", help="comma-separated sections to run (default: all); e.g. "
+                   "federate,flower to re-measure two after a fix, beside environment and install")
     p.add_argument("--collective", choices=("nccl", "gloo"), help=argparse.SUPPRESS)  # torchrun's worker
     args = p.parse_args()
     if args.collective:
@@ -257,15 +259,21 @@ def main() -> None:
     if sizes.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu.sh: no CUDA device; run on a GPU or pass --dry-run")
     report = Report(args.out, args.budget or (300 if args.dry_run else 540))
+    only = {s for s in args.only.split(",") if s}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        report.section("environment", lambda: environment(sizes))
-        report.section("install", installed)
-        report.section("pytest_gpu", lambda: pytest_gpu(sizes))
-        report.section("pretrain", lambda: pretrain_rows(sizes, work))
-        report.section("federate", lambda: federate_rows(sizes, work))
-        report.section("torchrun", lambda: torchrun_check(sizes, work))
-        report.section("flower", lambda: flower_check(sizes, work))
+        sections = {"environment": lambda: environment(sizes), "install": installed,
+                    "pytest_gpu": lambda: pytest_gpu(sizes), "pretrain": lambda: pretrain_rows(sizes, work),
+                    "federate": lambda: federate_rows(sizes, work),
+                    "torchrun": lambda: torchrun_check(sizes, work),
+                    "flower": lambda: flower_check(sizes, work)}
+        unknown = only - set(sections)
+        if unknown:
+            sys.exit(f"gpu.sh: unknown section(s) {', '.join(sorted(unknown))}; "
+                     f"choose from {', '.join(sections)}")
+        for name, fn in sections.items():
+            if not only or name in only or name in ("environment", "install"):
+                report.section(name, fn)
     print(f"[gpu.sh] wrote {args.out}")
 
 

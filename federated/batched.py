@@ -135,8 +135,8 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
                                                       jobs[k].aug_gen, jobs[k].noise) for k in group),
                                   strict=True)
             p, b = _select(params, rows), _select(buffers, rows)
-            grads, loss = step(p, b, torch.stack(inputs), torch.stack(targets), _select(clients, rows),
-                               shared)
+            grads, loss = step(p, b, _vmap_layout(torch.stack(inputs)), torch.stack(targets),
+                               _select(clients, rows), shared)
             if rows is not None:  # the group's BatchNorm statistics were updated in a gathered copy
                 for key, value in b.items():
                     buffers[key][rows] = value
@@ -157,9 +157,19 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
 def _stack(model: nn.Module, starts: list[State]) -> tuple[State, State]:
     """Stacked (K, ...) parameters and buffers of the K start states, detached."""
     names = {name for name, _ in model.named_parameters()}
-    params = {n: torch.stack([s[n] for s in starts]).detach().clone() for n in starts[0] if n in names}
-    buffers = {n: torch.stack([s[n] for s in starts]).clone() for n in starts[0] if n not in names}
+    params = {n: _vmap_layout(torch.stack([s[n] for s in starts]).detach().clone())
+              for n in starts[0] if n in names}
+    buffers = {n: _vmap_layout(torch.stack([s[n] for s in starts]).clone())
+               for n in starts[0] if n not in names}
     return params, buffers
+
+
+def _vmap_layout(t: Tensor) -> Tensor:
+    """``t`` in the contiguous layout on CUDA. The model and its inputs are channels-last (setup.py), but
+    torch's CUDA batch_norm under vmap clones its input in its suggested layout, and that clone is not
+    implemented for channels-last inside vmap (NYI error on an H100, torch 2.11, bench/gpu.sh). The CPU
+    path keeps channels-last, which it runs (and its measured figures were taken with)."""
+    return t.contiguous() if t.is_cuda else t
 
 
 def _vmapped_step(fm: FunctionalModel, algo: FedAvg) -> Callable:
@@ -181,10 +191,10 @@ def evaluate_batched(model: nn.Module, task: Task, states: list[State], x: Tenso
                      batch_size: int = 512) -> list[float]:
     """Top-1 accuracy of each of the K states on (x, y), the K models evaluated as one (eval mode)."""
     fm = FunctionalModel(model, task)
-    stacked = {k: torch.stack([s[k] for s in states]) for k in states[0]}
+    stacked = {k: _vmap_layout(torch.stack([s[k] for s in states])) for k in states[0]}
     run = vmap(lambda state, inputs: fm.frozen(state, inputs), in_dims=(0, None))
     correct = torch.zeros(len(states), device=x.device)
     for start in range(0, len(x), batch_size):
         inputs, target = task.eval_inputs(x[start:start + batch_size], y[start:start + batch_size])
-        correct += (run(stacked, inputs).argmax(-1) == target).sum(-1)
+        correct += (run(stacked, _vmap_layout(inputs)).argmax(-1) == target).sum(-1)
     return (correct / max(len(x), 1)).tolist()
