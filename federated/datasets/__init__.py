@@ -1,8 +1,9 @@
 """The datasets that ``federate`` fine-tunes on, looked up by name in :data:`DATASETS`.
 
-Chen et al., ICLR 2023: CIFAR-10/100 at 32 px, Tiny-ImageNet and iNaturalist-GEO at 224 px (ResNet18, §4.2,
-Table 9), and a labelled image folder for the medical images of §4.5. ``digits`` (scikit-learn's 8 x 8 digits
-upsampled to 32 px) is embedded, needs no files, and is the default for smoke runs. ``cityscapes`` is the
+Chen et al., ICLR 2023: CIFAR-10/100 at 32 px, Tiny-ImageNet at 64 px and iNaturalist-GEO at 224 px
+(ResNet18, §4.2, Tables 1, 8 and 9), and a labelled image folder for the medical images of §4.5.
+``digits`` (scikit-learn's 8 x 8 digits upsampled to 32 px) is embedded, needs no files, and is the default
+for smoke runs. ``cityscapes`` is the
 segmentation task of Table 5 (DeepLabV3+ with MobileNetV2, 18 city clients, 768 px crops): its images are
 (N, H, W, 3) at a stored height H (1024 px, full resolution, by default) and its labels (N, H, W) train ids.
 

@@ -311,7 +311,7 @@ def test_tinyimagenet_labels_follow_wnids(tmp_path, point_at):
     root = base if point_at == "folder" else tmp_path
     data = load_dataset(DataConfig("tinyimagenet", root=str(root), val_fraction=0))
     assert data.classes == TINY_WNIDS and data.n_classes == 3
-    assert data.train_x.shape == (9, 64, 64, 3) and data.input_size == 224
+    assert data.train_x.shape == (9, 64, 64, 3) and data.input_size == 64  # Tables 1 and 8: 64^2
     assert data.train_y.tolist() == [train_owner[k] for k in _identify(data.train_x)]
     assert sorted(_identify(data.train_x)) == sorted(train_owner)
     assert _identify(data.test_x) == [20, 21, 22, 23]  # val_annotations.txt order
