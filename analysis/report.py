@@ -85,7 +85,9 @@ class Table:
 
 
 def init_label(init: str) -> str:
-    """random, imagenet, or a checkpoint's file stem (``/x/fps.ckpt`` -> ``fps``)."""
+    """random, imagenet, places365, or a checkpoint's file stem (``/x/fps.ckpt`` -> ``fps``)."""
+    if init.startswith("places365:"):
+        return "places365"
     return init if init in ("random", "imagenet") else Path(init).stem
 
 

@@ -102,8 +102,9 @@ class FederateConfig:
                                default_text="resnet20 at 32 px, resnet18 at 224 px, mobilenet_v2 for "
                                             "cityscapes, as in the paper")
     width: float = setting(1.0, "CIFAR ResNet width multiplier (Fig. 5)", within="(0, inf)", group="model")
-    init: str = setting("random", "random | imagenet | fps-resnet20 (shipped) | PATH.ckpt from pretrain",
-                        group="model")
+    init: str = setting("random", "random | imagenet | places365:FILE (the Places365 project's "
+                                  "resnet18_places365.pth.tar) | fps-resnet20 (shipped) | PATH.ckpt from "
+                                  "pretrain", group="model")
     init_format: str = setting("fpsfl", "torchvision: --init is a plain state dict (e.g. Places365 weights)",
                                choices=("fpsfl", "torchvision"), group="model")
     # run
