@@ -85,7 +85,8 @@ def places365_state(path: Path) -> dict[str, torch.Tensor]:
     state = record.get("state_dict") if isinstance(record, dict) else None
     if not isinstance(state, dict):
         raise InitError(f"--init places365:{path}: no 'state_dict' entry, so not the Places365 project's "
-                        f"resnet18_places365.pth.tar (a plain state dict loads with --init-format torchvision)")
+                        f"resnet18_places365.pth.tar (a plain state dict loads with --init-format "
+                        f"torchvision)")
     state = {k.removeprefix("module."): v for k, v in state.items()}
     fc = state.get("fc.weight")
     if not isinstance(fc, torch.Tensor) or fc.shape[0] != PLACES365_CLASSES:

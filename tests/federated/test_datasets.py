@@ -220,9 +220,9 @@ def test_tinyimagenet_small_store_trains_at_32(tmp_path):
 # ---- iNaturalist-GEO --------------------------------------------------------------------------------------
 
 
-def _inat(tmp_path, csv_path, **kw):
+def _inat(tmp_path, csv_path, **kw):  # held in memory to identify images (streaming: test_stream.py)
     return load_dataset(DataConfig("inat-geo", root=str(tmp_path / "images"), split_csv=csv_path,
-                                   store_size=8, val_fraction=0, **kw))
+                                   store_size=8, val_fraction=0, decode="memory", **kw))
 
 
 def test_inat_geo_natural_clients_labels_and_holdout(tmp_path):
