@@ -5,7 +5,7 @@
   federate --dataset cifar10 --data-root ~/data --init fps.ckpt --centralized --out runs/c10-fps-cl
   federate ... --algo scaffold | fedprox --set mu=0.1 | fedavgm --set beta=0.9 | fedvc | fedir | ...
   federate export-partitions --clients 10 --alpha 0.1 --out shards/   one .npz per client + manifest.json,
-                                          for Flower SuperNodes that hold only their own data (README, Flower)
+                                          for Flower SuperNodes that hold only their own data (docs/flower.md)
   federate self-pretrain --alpha 0.1 --out sp.ckpt     federated self-supervised pre-training (Orchestra, §5)
                                           on the clients' own images; then federate --alpha 0.1 --init sp.ckpt
 
@@ -130,7 +130,7 @@ def build_export_parser() -> argparse.ArgumentParser:
         "one client-NNNN.npz per client (its training images, labels and positions in the "
         "training set) and manifest.json (the settings, client sizes and each shard's "
         "sha256). A Flower SuperNode started with --node-config \"partition-id=I "
-        "data-dir=DIR\" then loads only shard I (README, Flower).", 100))
+        "data-dir=DIR\" then loads only shard I (docs/flower.md).", 100))
     data_fields = tuple(f.name for f in dataclasses.fields(FederateConfig)
                         if f.metadata.get("group") in ("data", "partition")) + ("seed",)
     add_settings(p, FederateConfig, only=tuple(n for n in data_fields if n != "input_size"))
@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings(p, FederateConfig, groups=groups)
     add_partition_flags(p, groups)
     add_set_flag(groups["federated training"], "an algorithm setting, e.g. --set mu=0.1 (repeatable; see "
-                                               "README)")
+                                               "docs/federated.md)")
     add_settings(p, TrackConfig, groups=groups)
     add_settings(p, RunOptions, groups=groups)
     p.set_defaults(run=cmd_federate)

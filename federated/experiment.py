@@ -39,7 +39,7 @@ class FederateConfig:
     # data
     dataset: str = setting("digits", lambda: " | ".join(DATASETS), group="data",
                            default_text="digits, embedded, no download")
-    data_root: str | None = setting(None, "folder holding the dataset (see README: preparing datasets)",
+    data_root: str | None = setting(None, "folder holding the dataset (docs/federated.md: datasets)",
                                     group="data")
     download: bool = setting(False, "let torchvision download CIFAR (needs a network)", group="data")
     split_csv: str | None = setting(None, "inat-geo: the GEO-10K/GEO-3K client split CSV", group="data")
@@ -87,7 +87,7 @@ class FederateConfig:
                                        within="[1, inf)", metavar="K", group="federated training",
                                        default_text="auto: all of a round's clients on a GPU, 1 on a CPU, "
                                                     "where more is refused: it cannot equal 1 there "
-                                                    "(README: Vectorised clients)")
+                                                    "(docs/performance.md: Vectorised clients)")
     amp: bool = setting(False, "bf16 autocast in local training and evaluation (for a GPU's tensor cores; "
                                "results differ from float32 ones slightly)", group="federated training")
     centralized: bool = setting(False, "train centrally on the union of the clients, rounds x local-epochs "
