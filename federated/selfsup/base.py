@@ -74,8 +74,9 @@ class FederatedSSL:
     def __init__(self, cfg: SSLConfig):
         self.cfg = cfg
 
-    def build(self, backbone: nn.Module) -> nn.Module:
-        """The federated model around ``backbone`` (kept as its ``backbone`` attribute: the checkpoint)."""
+    def build(self, backbone: nn.Module, size: int) -> nn.Module:
+        """The federated model around ``backbone`` (kept as its ``backbone`` attribute: the checkpoint), for
+        inputs of ``size`` px."""
         raise NotImplementedError
 
     def loss(self, model: nn.Module, images: Tensor, run: ClientRun) -> tuple[Tensor, dict[str, Tensor]]:

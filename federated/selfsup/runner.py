@@ -64,7 +64,7 @@ def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, 
         backbone = create_backbone(fed.arch, fed.width)
         report = (initialise(backbone, fed.arch, fed.width, fed.init, fed.init_format) if not opts.resume
                   else f"resumed from the run's state ({fed.init} at the start)")
-        model = method.build(backbone).to(device, memory_format=torch.channels_last)
+        model = method.build(backbone, size).to(device, memory_format=torch.channels_last)
         config = {"self_pretrain": sp.to_dict(), "method": plain(vars(method.cfg)),
                   "federate": data_config(fed), "input_size": size, "init_sha256": init_sha256(fed.init),
                   "partition": {"settings": partition_settings(fed), "indices_sha256": indices_sha256(

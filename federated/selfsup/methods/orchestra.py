@@ -112,7 +112,7 @@ class Orchestra(FederatedSSL):
     Config = OrchestraConfig
     warmup_rounds = 1  # round 0: memories and local clusters only, to initialise the global centroids
 
-    def build(self, backbone: nn.Module) -> nn.Module:
+    def build(self, backbone: nn.Module, size: int) -> nn.Module:
         return OrchestraModel(backbone, self.cfg)
 
     def loss(self, model: OrchestraModel, images: Tensor, run: ClientRun) -> tuple[Tensor, dict[str, Tensor]]:
