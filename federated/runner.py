@@ -24,12 +24,13 @@ from fpsfl.base.rundir import RunDir, RunDirError
 from .algorithms import ALGORITHMS
 from .datasets import DATASETS, ImageData
 from .experiment import FederateConfig, RunOptions
-from .initialisation import check_init, init_sha256, pretraining_size
+from .initialisation import check_init, check_partition, init_sha256, pretraining_size
 from .local import DivergenceError, make_optimizer
 from .oracle.tracking import Tracker
 from .partitions.report import check_partition_report
 from .rounds import Dispatch, centralized_round, check_client_batch, client_batch, train_round
 from .setup import Setup, setup, write_partition
+from .shards import partition_settings
 
 FINAL_FORMAT = "fpsfl-federated/1"
 DIVERGE_FACTOR = 100.0  # see check_divergence
@@ -59,6 +60,7 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
             cfg = _as_started(cfg, rundir)
         if not resume:
             check_init(cfg.arch, cfg.width, cfg.init, cfg.init_format)  # a bad --init fails before the data
+            check_partition(cfg.init, cfg.init_format, partition_settings(cfg))
             cfg, size_note = _input_size(cfg)
             if size_note and opts.progress:
                 tqdm.write(size_note)
