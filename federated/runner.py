@@ -90,7 +90,7 @@ def _as_started(cfg: FederateConfig, rundir: RunDir) -> FederateConfig:
 def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, device: torch.device,
             dispatch: Dispatch | None = None) -> list[dict]:
     config = {"federate": cfg.to_dict(), "algo": plain(vars(s.algo.cfg)),
-              "init_sha256": init_sha256(cfg.init)}
+              "init_sha256": init_sha256(cfg.init), "engine": opts.engine}
     optimizer = make_optimizer(s.model, cfg.resolved_optimizer(), cfg.resolved_lr(), cfg.momentum,
                                cfg.weight_decay)
     if opts.resume:
@@ -135,6 +135,8 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
             raise DivergenceError(f"round {rnd + 1}: {exc}; {kept} (try a lower --lr)") from None
         record["seconds"] = time.perf_counter() - t0
         rundir.append_metrics(record)
+        if opts.log_rounds:  # no bar (flwr run): a line per round, which flwr log shows
+            tqdm.write(round_line(record, cfg.rounds), file=sys.stderr)
         state = {"done": rnd + 1, "model": s.model.state_dict(), "algo": s.algo.state_dict(), "norm0": norm0}
         if cfg.centralized:
             state["optimizer"] = optimizer.state_dict()
@@ -171,7 +173,23 @@ def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:
     if recorded and now and recorded != now:
         raise RunDirError(f"--resume: --init {cfg.init} is not the file this run started from (its sha256 "
                           f"differs from the one in {rundir.config_path})")
-    return rundir.load_state(config, compare=())
+    state = rundir.load_state(config, compare=())
+    before, engine = saved.get("engine", "inprocess"), mine["engine"]
+    if before != engine and any(state["algo"]["clients"]):
+        where = "their nodes' Flower Contexts" if before == "flower" else f"{rundir.state_path.name}"
+        raise RunDirError(f"--resume: this run started with --engine {before}, and its clients' {cfg.algo} "
+                          f"state lives in {where}, which --engine {engine} cannot take over; resume with "
+                          f"--engine {before}")
+    return state
+
+
+def round_line(record: dict, rounds: int) -> str:
+    """One round's metrics as one line (a run without a progress bar prints one per round)."""
+    missing = record.get("missing_clients")
+    gone = f" (missing {', '.join(map(str, missing))})" if missing else ""
+    return (f"federate: round {record['round']}/{rounds}: test_acc {record['test_acc']:.4f}, train_loss "
+            f"{record['train_loss']:.4f}, {len(record.get('clients', []))} clients{gone}, "
+            f"{record['seconds']:.1f} s")
 
 
 def param_norm(model: nn.Module) -> float:

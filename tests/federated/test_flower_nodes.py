@@ -37,44 +37,60 @@ def _flower(monkeypatch):
 class LocalGrid:
     """A Grid whose nodes run our ClientApp in this process. ``down`` nodes are offline (not listed, no
     reply), ``mute`` nodes are listed and say which client they serve but never answer a train message (a
-    hung ClientApp); ``replies`` keeps every train reply."""
+    hung ClientApp); ``slow`` holds (node, round) pairs whose train reply is held back until the next push (a
+    node that trains past the round's timeout and answers late). ``replies`` keeps every train reply,
+    ``sent`` every message pushed."""
 
     def __init__(self, clients: int, node_config: dict | None = None):
         self.contexts = {}
+        self.names: dict[int, str] = {}
         self.down: set[int] = set()
         self.mute: set[int] = set()
+        self.slow: set[tuple[int, int]] = set()
+        self.held: dict = {}
         self.outbox: dict = {}
         self.replies: list = []
+        self.sent: list = []
         self.pushed = 0
         for client in range(clients):
             self.add_node(100 + client, client, node_config)
 
-    def add_node(self, node: int, client: int, node_config: dict | None = None) -> None:
+    def add_node(self, node: int, client: int, node_config: dict | None = None, name: str = "") -> None:
         from flwr.app import Context, RecordDict
 
         self.contexts[node] = Context(run_id=1, node_id=node, node_config={"partition-id": client,
                                                                           **(node_config or {})},
                                       state=RecordDict(), run_config={})
+        self.names[node] = name
 
     def get_node_ids(self):
         return [n for n in self.contexts if n not in self.down]
 
+    def get_nodes(self):
+        from flwr.proto.node_pb2 import NodeInfo
+
+        return [NodeInfo(node_id=n, name=self.names[n]) for n in self.get_node_ids()]
+
     def push_messages(self, messages):
         from flwr.app import Message, Metadata
 
-        from federated.flower.client_app import query, train
+        from federated.flower import client_app
 
+        self.outbox.update(self.held)  # the late replies arrive now, after their round closed
+        self.held = {}
         ids = []
         for message in messages:
             self.pushed += 1
+            self.sent.append(message)
             node, kind = message.metadata.dst_node_id, message.metadata.message_type
             meta = Metadata(run_id=1, message_id=f"m{self.pushed}", src_node_id=0, dst_node_id=node,
-                            reply_to_message_id="", group_id="", created_at=time.time(), ttl=60.0,
-                            message_type=kind)
+                            reply_to_message_id="", group_id=message.metadata.group_id,
+                            created_at=time.time(), ttl=message.metadata.ttl, message_type=kind)
             if node not in self.down and not (node in self.mute and kind == "train"):
-                reply = (train if kind == "train" else query)(Message(message.content, metadata=meta),
-                                                               self.contexts[node])
-                self.outbox[meta.message_id] = reply
+                handle = getattr(client_app, kind)
+                reply = handle(Message(message.content, metadata=meta), self.contexts[node])
+                late = kind == "train" and (node, int(message.content["config"]["server-round"])) in self.slow
+                (self.held if late else self.outbox)[meta.message_id] = reply
                 if kind == "train":
                     self.replies.append(reply)
             ids.append(meta.message_id)
@@ -237,7 +253,8 @@ def test_the_server_refuses_a_node_without_the_manifests_shard(tmp_path):
     out = _export(tmp_path / "shards")
     grid = LocalGrid(3, {"data-dir": str(out)})
     grid.add_node(102, 2)  # client 2's node holds the whole dataset, not its shard
-    with pytest.raises(FlowerError, match="client 2: its node trained on a shard with sha256 none"):
+    with pytest.raises(FlowerError, match=r"client 2: its reply was refused: its node trained on no shard "
+                                          r"\(its SuperNode has no data-dir\), not the manifest's"):
         _serve(grid, tmp_path / "run", shards=out)
 
 
