@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from fpsfl.base.checkpoint import atomic_save, plain
+from fpsfl.base.checkpoint import atomic_save, load_weights_only, plain
 from fpsfl.base.device import resolve_device
 from fpsfl.base.rundir import RunDir, RunDirError
 
@@ -55,6 +55,7 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
     with rundir.session(opts.resume):  # before the (slow) data loading, and before anything is written
         if opts.resume:
             cfg = _as_started(cfg, rundir)
+            _check_engine(rundir, opts.engine, cfg.algo)
         else:
             check_init(cfg.arch, cfg.width, cfg.init, cfg.init_format)  # a bad --init fails before the data
             cfg, size_note = _input_size(cfg)
@@ -173,14 +174,22 @@ def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:
     if recorded and now and recorded != now:
         raise RunDirError(f"--resume: --init {cfg.init} is not the file this run started from (its sha256 "
                           f"differs from the one in {rundir.config_path})")
-    state = rundir.load_state(config, compare=())
-    before, engine = saved.get("engine", "inprocess"), mine["engine"]
-    if before != engine and any(state["algo"]["clients"]):
-        where = "their nodes' Flower Contexts" if before == "flower" else f"{rundir.state_path.name}"
-        raise RunDirError(f"--resume: this run started with --engine {before}, and its clients' {cfg.algo} "
-                          f"state lives in {where}, which --engine {engine} cannot take over; resume with "
+    return rundir.load_state(config, compare=())
+
+
+def _check_engine(rundir: RunDir, engine: str, algo: str) -> None:
+    """Refuse (one line) to resume with another engine a run whose clients hold state: the in-process
+    engine keeps it in state.pt, Flower's in the nodes' Contexts, and neither can take over the other's (the
+    clients would restart from zero without a word). Without client state the engines give the same run."""
+    before = rundir.saved_config().get("engine", "inprocess")  # runs from before the engine was recorded
+    if before == engine:
+        return
+    state = load_weights_only(rundir.state_path, "run state (state.pt)", RunDirError)
+    if any(state.get("algo", {}).get("clients", [])):
+        where = "their nodes' Flower Contexts" if before == "flower" else rundir.state_path.name
+        raise RunDirError(f"--resume: this run started with --engine {before}, and its clients' {algo} state "
+                          f"lives in {where}, which --engine {engine} cannot take over; resume with "
                           f"--engine {before}")
-    return state
 
 
 def round_line(record: dict, rounds: int) -> str:

@@ -7,9 +7,15 @@ hands the message to the node's warm :mod:`.worker` (torch, the shard and the mo
 otherwise, or when no worker answers, it imports :mod:`.node` and does the work itself. With
 ``FPSFL_CLIENT_PHASES=FILE`` in the SuperNode's environment, each process logs its cold-start phases
 (:mod:`.phases`).
+
+A failure drill (recipes/flower_deploy.sh ``SLOW=I:R:S``): with ``drill-sleep='R:S'`` in its node config, the
+node sleeps S seconds before it trains round R, as a node that falls behind (past ``--flower-timeout``,
+it answers late, and its reply must leave no trace: see :mod:`.node`).
 """
 
 from __future__ import annotations
+
+import time
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -45,6 +51,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 def _handle(kind: str, msg: Message, context: Context) -> Message:
     global PHASES
     phases, cold = PHASES, "runtime" in PHASES.cpu
+    _drill(kind, msg, context)
     worker = str(context.node_config.get("worker") or "")
     reply = None
     if worker:
@@ -62,3 +69,12 @@ def _handle(kind: str, msg: Message, context: Context) -> Message:
                  round=config.get("server-round"))
     PHASES = Phases("clientapp")  # a process that serves more messages (the simulation's actors): warm
     return reply
+
+
+def _drill(kind: str, msg: Message, context: Context) -> None:
+    """Sleep as the node config's ``drill-sleep='ROUND:SECONDS'`` says, before training that round."""
+    spec = str(context.node_config.get("drill-sleep") or "")
+    if kind == "train" and spec:
+        rnd, seconds = spec.split(":")
+        if int(msg.content["config"]["server-round"]) == int(rnd):
+            time.sleep(float(seconds))
