@@ -15,12 +15,15 @@ so the CPU side only renders or decodes.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader
 
+from fpsfl.base.files import file_sha256
 from fractals.ifs import bank_or_sample
 from fractals.scenes import RenderConfig
 from fractals.stream import FractalStream, StreamConfig
@@ -42,6 +45,12 @@ class FractalSource:
         self.stream = FractalStream(bank, render, stream_cfg)
         self.workers, self.pin_memory = workers, pin_memory
         self.n_classes = cfg.n_classes if kind == "multilabel" else None
+        self.bank_path = cfg.bank
+
+    def fingerprint(self) -> dict:
+        """What decides the data beyond the config, for ``--resume`` to compare: the bank file's sha256 (a
+        regenerated bank at the same path is other data); a bank sampled from --seed has none."""
+        return {"bank_sha256": file_sha256(self.bank_path)} if self.bank_path else {}
 
     def __len__(self) -> int:
         return len(self.stream)
@@ -77,6 +86,17 @@ class ImageSource:
         kind = ImageNet32Source if cfg.format == "imagenet32" else FolderSource
         self.folder = kind(folder, workers=workers)
         self.n_classes = len(self.folder.classes) if labelled else None
+
+    def fingerprint(self) -> dict:
+        """The image list for ``--resume`` to compare: a sha256 of every image's path under the root (its
+        class folder included) and size in bytes, in the scan's order; contents are not read (a resume
+        would read the whole folder), so an image edited in place to the same size goes unnoticed."""
+        root, data = os.path.expanduser(self.folder.cfg.root), self.folder.dataset
+        h = hashlib.sha256()
+        for i in range(len(data)):
+            path = data.path(i)
+            h.update(f"{os.path.relpath(path, root)}\0{os.path.getsize(path)}\n".encode())
+        return {"images": len(data), "images_sha256": h.hexdigest()}
 
     def __len__(self) -> int:
         return len(self.folder)

@@ -10,7 +10,7 @@ randomness contract of ``federated.rounds``: round r's client selection (and Fed
 ``numpy.random.default_rng(SeedSequence([seed, r, 0]))``; client c's sample order of round r from a torch
 generator seeded with ``SeedSequence([seed, r, c, 1])``; both are re-derived here.
 
-Conventions the references follow (each named in the algorithm's docstring and the README): BatchNorm
+Conventions the references follow (each named in the algorithm's docstring and docs/federated.md): BatchNorm
 running statistics are the sample-weighted average of the clients' (integers rounded), never transformed
 by a server step; batches of one sample are skipped; learning rate x lr_decay every lr_decay_every rounds.
 """

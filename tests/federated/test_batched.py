@@ -151,7 +151,7 @@ def test_auto_is_all_clients_on_a_gpu_and_one_on_a_cpu():
 
 # Issue 24: the demo's setting and every registered dataset's default setting (its partition, architecture,
 # Table-9 preset, flips and augmentation path), at a tiny scale: 120 synthetic images (one or two steps a
-# client: longer local training amplifies float32 rounding chaotically, see README: Vectorised clients),
+# client: longer local training amplifies float32 rounding chaotically, see docs/performance.md),
 # ResNet20 at width 0.25, 3 rounds; 224-px datasets at 24 px (a random-resized crop from 16 px, as from
 # their 64 px store) with ResNet20 for their ResNet18 (which has no width: minutes a run in float64).
 DEMO = dict(dataset="digits", partition="dirichlet", alpha=0.3, clients=10, local_epochs=1, algo="fedavg")
