@@ -90,7 +90,10 @@ class ImageSource:
     def fingerprint(self) -> dict:
         """The image list for ``--resume`` to compare: a sha256 of every image's path under the root (its
         class folder included) and size in bytes, in the scan's order; contents are not read (a resume
-        would read the whole folder), so an image edited in place to the same size goes unnoticed."""
+        would read the whole folder), so an image edited in place to the same size goes unnoticed.
+        Down-sampled ImageNet's pickles have their own (:meth:`ImageNet32Source.fingerprint`)."""
+        if isinstance(self.folder, ImageNet32Source):
+            return self.folder.fingerprint()
         root, data = os.path.expanduser(self.folder.cfg.root), self.folder.dataset
         h = hashlib.sha256()
         for i in range(len(data)):

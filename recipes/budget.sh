@@ -18,13 +18,13 @@ PROBE_DATA=${PROBE_DATA:-}
 FEDAVG=${FEDAVG:-0}
 fedavg() {  # fedavg INIT NAME SEED
     local out="$OUT/budget-fl-$2-s$3" resume=()
-    [ -f "$out/state.pt" ] && resume=(--resume)  # an interrupted study continues where it stopped
+    started "$out" && resume=(--resume)  # an interrupted study continues where it stopped
     [ -f "$out/final.pt" ] || federate "${resume[@]}" --dataset digits --alpha 0.3 --clients 10 --rounds 10 --local-epochs 1 \
         --init "$1" --seed "$3" --no-eval-local --device "$DEVICE" --quiet --out "$out"
 }
 pretrain_budget() {  # pretrain_budget PAIRS SEED -> checkpoint path (a finished run resumes to no work)
     local out="$OUT/budget-$1-s$2.ckpt" resume=()
-    [ -f "$OUT/budget-$1-s$2.run/state.pt" ] && resume=(--resume)
+    started "$OUT/budget-$1-s$2.run" && resume=(--resume)
     pretrain fps "${resume[@]}" --arch resnet20 --size 32 --epochs 4 --pairs-per-epoch $(($1 / 4)) \
         --batch-size 256 --seed "$2" --device "$DEVICE" --quiet --out "$out" >&2
     echo "$out"

@@ -82,11 +82,15 @@ sys.exit(0 if done == total == int(sys.argv[2]) else 1)
 PY
 }
 
+started() {  # started RUNDIR: a run began there (its config.json, or a state): --resume continues it
+    [ -f "$1/state.pt" ] || [ -f "$1/config.json" ]
+}
+
 pretrained() {  # pretrained CKPT EPOCHS PRETRAIN-ARGS... -> prints CKPT, made (or finished) if needed
     local ckpt=$1 epochs=$2 resume=()
     shift 2
     if ! finished "$ckpt" "$epochs"; then
-        [ -f "${ckpt%.ckpt}.run/state.pt" ] && resume=(--resume)  # an interrupted run continues
+        started "${ckpt%.ckpt}.run" && resume=(--resume)  # an interrupted run continues
         pretrain "$@" --epochs "$epochs" "${PT_FLAGS[@]}" "${resume[@]}" --device "$DEVICE" --out "$ckpt" >&2
     fi
     echo "$ckpt"
@@ -105,11 +109,11 @@ imagenet32_ckpt() {  # imagenet32_ckpt [ARCH [WIDTH]] -> ResNet20 pre-trained on
 }
 
 fl() {  # fl OUTDIR FEDERATE-ARGS...: a federate run with the scale's rounds and epochs (later flags win),
-    # skipped when finished (final.pt), continued with --resume when it stopped part-way (state.pt)
+    # skipped when finished (final.pt), continued with --resume when it stopped part-way
     local out=$1 resume=()
     shift
     [ -f "$out/final.pt" ] && return 0
-    [ -f "$out/state.pt" ] && resume=(--resume)
+    started "$out" && resume=(--resume)
     federate --rounds "$ROUNDS" --local-epochs "$LOCAL_EPOCHS" "$@" "${FL_FLAGS[@]}" "${resume[@]}" \
         --device "$DEVICE" --out "$out"
 }

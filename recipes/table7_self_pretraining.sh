@@ -37,7 +37,7 @@ for seed in $SEEDS; do
             sp="$OUT/pretrain/sp-$dataset-$kind-s$seed.ckpt"
             if ! finished "$sp" "$SP_ROUNDS"; then
                 resume=()
-                [ -f "${sp%.ckpt}.run/state.pt" ] && resume=(--resume)
+                started "${sp%.ckpt}.run" && resume=(--resume)
                 federate self-pretrain --algo orchestra "${data[@]}" "${FL_FLAGS[@]}" --init "$init" \
                     --seed "$seed" --rounds "$SP_ROUNDS" --local-epochs "$SP_EPOCHS" "${resume[@]}" \
                     --device "$DEVICE" --out "$sp"
