@@ -13,6 +13,7 @@
 # last epoch (as federated/initialisation.py's shipped_ready checks shipped weights), else its run continues
 # with --resume (pretrain writes --out after every epoch, so a checkpoint file alone proves nothing).
 set -euo pipefail
+shopt -s inherit_errexit  # a failing step inside $(...) stops the recipe too (fps=$(fps_ckpt ...))
 RECIPES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SCALE=${SCALE:-paper}
 OUT=${OUT:-runs}
@@ -91,7 +92,8 @@ pretrained() {  # pretrained CKPT EPOCHS PRETRAIN-ARGS... -> prints CKPT, made (
     shift 2
     if ! finished "$ckpt" "$epochs"; then
         started "${ckpt%.ckpt}.run" && resume=(--resume)  # an interrupted run continues
-        pretrain "$@" --epochs "$epochs" "${PT_FLAGS[@]}" "${resume[@]}" --device "$DEVICE" --out "$ckpt" >&2
+        pretrain "$@" --epochs "$epochs" "${PT_FLAGS[@]}" "${resume[@]}" --device "$DEVICE" --out "$ckpt" >&2 ||
+            return 1
     fi
     echo "$ckpt"
 }

@@ -34,10 +34,12 @@ rows=()  # --row LABEL=ROW for analyze report
 inits() {  # inits ARCH SIZE REAL -> "key=init" lines: the rows of Table 12 for one backbone
     local arch=$1 size=$2 real=$3 kind method ckpt
     echo "random=random"
-    ckpt=$(synthetic multilabel multilabel "$arch" "$size") && echo "multilabel=$ckpt"
+    ckpt=$(synthetic multilabel multilabel "$arch" "$size")
+    echo "multilabel=$ckpt"
     for method in simsiam mocov2; do
         for kind in stylegan fractal fps; do
-            ckpt=$(synthetic "$kind" "$method" "$arch" "$size") && echo "$kind-$method=$ckpt"
+            ckpt=$(synthetic "$kind" "$method" "$arch" "$size")
+            echo "$kind-$method=$ckpt"
         done
     done
     echo "real=$real"
