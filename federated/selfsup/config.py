@@ -23,9 +23,9 @@ from .base import SSLConfig
 GROUP = "self-pre-training"
 # the FederateConfig fields self-pre-training reads: data, partition (with every partition's settings),
 # client sampling, model and seed; the others (rounds, lr, ...) are supervised ones
-DATA_FIELDS = ("dataset", "data_root", "download", "split_csv", "store_size", "input_size", "val_fraction",
-               "partition", "clients", "min_size", "participation", "arch", "width", "init", "init_format",
-               "seed")
+DATA_FIELDS = ("dataset", "data_root", "download", "split_csv", "test_csv", "decode", "verify", "store_size",
+               "input_size", "val_fraction", "partition", "clients", "min_size", "participation", "arch",
+               "width", "init", "init_format", "seed")
 
 
 @dataclass(frozen=True)
