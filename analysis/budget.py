@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from fpsfl.base.checkpoint import load_checkpoint
+from fpsfl.base.cli import COUNT, SEED
 from fpsfl.base.device import resolve_device
 from fpsfl.base.rundir import read_jsonl
 
@@ -163,9 +164,9 @@ def register(sub) -> None:
     p.add_argument("--dataset", default="digits", help="labelled set of the probes: a classification "
                    "dataset of federate (default: digits)")
     p.add_argument("--data-root", help="folder holding the dataset (see federate --help)")
-    p.add_argument("--input-size", type=int, help="px the backbone sees (default: the checkpoint's "
+    p.add_argument("--input-size", type=COUNT, help="px the backbone sees (default: the checkpoint's "
                    "pre-training size)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random-init probe baseline (default 0)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the random-init probe baseline (default 0)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--out", help="output folder (default: analysis/ in the common parent of the "
                    "checkpoints and runs)")

@@ -15,6 +15,7 @@ import torch
 
 from federated.datasets import DataConfig, load_dataset
 from fpsfl.base.checkpoint import load_backbone_weights, load_checkpoint
+from fpsfl.base.cli import COUNT, SEED
 from fpsfl.base.device import resolve_device
 from pretrain.backbones import create_backbone
 from pretrain.probe import ProbeData, probe
@@ -78,9 +79,9 @@ def register(sub) -> None:
     p.add_argument("--dataset", default="digits", help="a classification dataset of federate (default: "
                    "digits)")
     p.add_argument("--data-root", help="folder holding the dataset (see federate --help)")
-    p.add_argument("--input-size", type=int, help="px the backbone sees (default: the checkpoint's "
+    p.add_argument("--input-size", type=COUNT, help="px the backbone sees (default: the checkpoint's "
                    "pre-training size)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random-init baseline (default 0)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the random-init baseline (default 0)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--out", help="output folder for probe.json (default: analysis/ beside the checkpoints)")
     p.set_defaults(run=cmd_probe)

@@ -57,6 +57,14 @@ def in_interval(value: float, interval: str) -> bool:
     return above and below
 
 
+INT64 = (-(2**63), 2**63 - 1)  # what torch and numpy hold: a larger integer overflows deep inside them
+
+
+def fits_int64(value: Any) -> bool:
+    """False for an integer outside int64 (anything else is not this check's business)."""
+    return not isinstance(value, int) or isinstance(value, bool) or INT64[0] <= value <= INT64[1]
+
+
 def choices_of(f: dataclasses.Field) -> tuple | None:
     choices = f.metadata.get("choices")
     return tuple(choices()) if callable(choices) else choices
@@ -72,6 +80,9 @@ def check(obj: Any, style: str = "flag") -> None:
         name = flag_of(f) if style == "flag" else f"setting {f.name}"
         within, choices = f.metadata.get("within"), choices_of(f)
         items = value if isinstance(value, tuple) else (value,)
+        too_large = [v for v in items if not fits_int64(v)]
+        if too_large:
+            raise ValueError(f"{name} is too large (at most 2**63 - 1), got {too_large[0]}")
         if within and not all(in_interval(v, within) for v in items):
             raise ValueError(f"{name} must lie in {within}, got {value!r}")
         if choices is not None and not all(v in choices for v in items):
