@@ -110,7 +110,7 @@ def _add_source_command(sub, name: str) -> None:
     p.add_argument("--lr", type=float, default=None,
                    help="base learning rate per 256 samples, scaled with the batch (default: the method's; "
                         + ", ".join(f"{m} {METHODS[m].Config().lr}" for m in spec.methods) + ")")
-    add_set_flag(p, "a method setting, e.g. --set temperature=0.1 (repeatable; see README)")
+    add_set_flag(p, "a method setting, e.g. --set temperature=0.1 (repeatable; see docs/pretraining.md)")
     add_settings(p, RunOptions)
     p.set_defaults(run=cmd_train)
 

@@ -8,7 +8,8 @@ so the CPU side only renders or decodes.
 - ``fractal-single``: one fractal per image, both views from image-level augmentation ("fractal + SimSiam").
 - ``multilabel``: multi-label fractal images over J codes (Anderson & Farrell 2022).
 - ``images``: any image folder, two augmented views (e.g. StyleGAN-generated images, Table 6).
-- ``supervised``: a labelled ``ROOT/<class>/`` folder (ImageNet-32 or Places365 stand-ins, §4.5).
+- ``supervised``: a labelled ``ROOT/<class>/`` folder, or down-sampled ImageNet 32 x 32 in its published
+  pickles (``--format imagenet32``, :mod:`pretrain.imagenet32`): the ResNet20 "ImageNet" init of §4.2.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fractals.scenes import RenderConfig
 from fractals.stream import FractalStream, StreamConfig
 
 from .folder import FolderConfig, FolderSource
+from .imagenet32 import ImageNet32Source
 from .recipe import PretrainConfig
 
 HELD_OUT_EPOCH = 2**31 - 1  # the stream's epoch index of the held-out batch (runs have fewer epochs)
@@ -73,13 +75,16 @@ class FractalSource:
 
 
 class ImageSource:
-    """An image folder (:class:`pretrain.folder.FolderSource`), with labels or without."""
+    """An image folder (:class:`pretrain.folder.FolderSource`) or down-sampled ImageNet's pickles
+    (:class:`pretrain.imagenet32.ImageNet32Source`), with labels or without."""
 
     def __init__(self, cfg: PretrainConfig, labelled: bool, workers: int):
         if not cfg.root:
             raise ValueError(f"source {cfg.source!r} needs --root DIR (an image folder)")
-        self.folder = FolderSource(FolderConfig(root=cfg.root, size=cfg.size, batch_size=cfg.batch_size,
-                                                labelled=labelled, seed=cfg.seed), workers=workers)
+        folder = FolderConfig(root=cfg.root, size=cfg.size, batch_size=cfg.batch_size, labelled=labelled,
+                              seed=cfg.seed)
+        kind = ImageNet32Source if cfg.format == "imagenet32" else FolderSource
+        self.folder = kind(folder, workers=workers)
         self.n_classes = len(self.folder.classes) if labelled else None
 
     def fingerprint(self) -> dict:
@@ -124,5 +129,6 @@ SOURCES: dict[str, SourceSpec] = {
     "images": SourceSpec(lambda c, w: ImageSource(c, False, w), ("simsiam", "mocov2"),
                          "any image folder, two augmented views (e.g. StyleGAN images)", ("folder",)),
     "supervised": SourceSpec(lambda c, w: ImageSource(c, True, w), ("supervised",),
-                             "a labelled ROOT/<class>/ image folder, cross-entropy (§4.5)", ("folder",)),
+                             "a labelled ROOT/<class>/ image folder, or down-sampled ImageNet's pickles "
+                             "(--format imagenet32), cross-entropy (§4.2)", ("folder",)),
 }

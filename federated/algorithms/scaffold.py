@@ -11,7 +11,11 @@ ICLR 2023, §4.3 / Table 9.
 for plain SGD, so option II is unchanged there. Under the paper's local momentum rho = 0.9, K steps move the
 model by about K / (1 - rho) gradients: dividing by K makes c_i ten times the mean gradient, and fed back
 through the momentum the correction grows every round until training collapses (10% accuracy on digits).
-``steps="plain"`` keeps option II's K whatever the momentum.
+``steps="plain"`` keeps option II's K whatever the momentum: Karimireddy et al. write option II for plain
+SGD, and NIID-Bench's code (momentum 0.9) divides by K. The momentum-aware default is kept for that measured
+collapse; a(K, rho) is FedNova's momentum-SGD norm, (K - rho (1 - rho^K) / (1 - rho)) / (1 - rho) (checked
+against Wang et al. 2020 in :func:`federated.aggregate.nova_norm`). Chen et al. do not run SCAFFOLD; the
+Fig. 4 recipe's extra algorithms run it with this default.
 """
 
 from __future__ import annotations
@@ -84,6 +88,18 @@ class Scaffold(FedAvg):
             delta[name] = new - ci[name]
             ci[name] = new
         return {"delta_c": delta}
+
+    def check_result(self, result: ClientResult, global_state: State) -> str:
+        """A delta c_i for every parameter, shaped as it, after any local step (none without one)."""
+        reason = super().check_result(result, global_state)
+        delta = result.extra.get("delta_c")
+        if reason or (delta == {} and result.steps == 0):
+            return reason
+        if not isinstance(delta, dict) or delta.keys() != self.param_names:
+            return "its delta_c does not hold one entry per parameter"
+        wrong = next((k for k, v in delta.items() if not isinstance(v, torch.Tensor)
+                      or v.shape != global_state[k].shape), None)
+        return f"its delta_c[{wrong}] is not shaped as the parameter" if wrong else ""
 
     def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
         new = super().server_update(global_params, params, results)
