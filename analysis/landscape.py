@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from federated.oracle.combine import State
 from federated.oracle.evaluate import Evaluator
-from fpsfl.base.cli import INT, SEED, UsageError, number, positive
+from fpsfl.base.cli import INT, SEED, TEXT, UsageError, number, positive
 
 from .output import OUT_HELP, new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild
@@ -322,6 +322,6 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=INT, default=1000, help="evaluation batch size (images)")
     p.add_argument("--bn-recompute", action="store_true",
                    help="re-estimate BatchNorm statistics on the training subset at every point")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--out", default=None, help=OUT_HELP)
+    p.add_argument("--device", type=TEXT, default="auto", help="auto | cpu | cuda[:N]")
+    p.add_argument("--out", type=TEXT, default=None, help=OUT_HELP)
     p.set_defaults(run=run_landscape)

@@ -31,6 +31,7 @@ from fpsfl.base.cli import (
     UsageError,
     add_set_flag,
     add_settings,
+    nonempty,
     parse_settings,
     run_main,
     settings_from,
@@ -136,8 +137,9 @@ def build_export_parser() -> argparse.ArgumentParser:
                         if f.metadata.get("group") in ("data", "partition")) + ("seed",)
     add_settings(p, FederateConfig, only=tuple(n for n in data_fields if n != "input_size"))
     add_partition_flags(p)
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory for the shards and the "
-                   "manifest (created; one that holds a manifest is refused)")
+    p.add_argument("--out", type=nonempty(Path), required=True, metavar="DIR",
+                   help="directory for the shards and the manifest (created; one that holds a manifest is "
+                        "refused)")
     p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(run=cmd_export, set=[])
     return p

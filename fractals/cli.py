@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fpsfl.base.cli import INT, SEED, Parser, UsageError, positive, run_main, writable_file
+from fpsfl.base.cli import INT, SEED, TEXT, Parser, UsageError, positive, run_main, writable_file
 
 from .ifs import PAPER_BANK, BankError, bank_or_sample, sample_codes, save_bank
 from .preview import make_cells, write_grid
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bank", help="sample a bank of IFS codes to an .npz file")
     b.add_argument("--n", type=INT, default=PAPER_BANK, help="number of codes (default: 100000, the paper's)")
     b.add_argument("--seed", type=SEED, default=0, help="sampling seed; one seed gives identical bytes")
-    b.add_argument("--out", required=True, help="output .npz path (plain arrays, no pickles)")
+    b.add_argument("--out", type=TEXT, required=True, help="output .npz path (plain arrays, no pickles)")
     b.set_defaults(run=cmd_bank)
 
     v = sub.add_parser("preview", help="write a PNG grid of rendered samples (views side by side)")
@@ -105,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--size", type=INT, default=32, help="image side in px, >= 16; 32 and 224 are the paper's")
     v.add_argument("--n", type=INT, default=8, help="number of pairs/images (default: 8)")
     v.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
-    v.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
+    v.add_argument("--bank", type=TEXT, help="code bank .npz (default: sample 100K codes from --seed)")
     v.add_argument("--augs", action="store_true", help="also apply the image-level augmentations")
-    v.add_argument("--out", default="preview.png", help="output PNG path (default: preview.png)")
+    v.add_argument("--out", type=TEXT, default="preview.png", help="output PNG path (default: preview.png)")
     v.add_argument("--look", choices=LOOKS, default="paper", help="paper: the official generator's "
                    "(default); sparse: this project's first renderer")
     _instances_flag(v)
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--size", type=INT, default=32, help="image side in px (default 32)")
     t.add_argument("--pairs", type=INT, default=200, help="pairs rendered (default 200)")
     t.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
-    t.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
+    t.add_argument("--bank", type=TEXT, help="code bank .npz (default: sample 100K codes from --seed)")
     t.add_argument("--json", action="store_true", help="print one JSON line instead of a sentence")
     t.set_defaults(run=cmd_stats)
 
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--workers", type=INT, default=1,
                    help="DataLoader worker processes (default: 1, i.e. one core)")
     m.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
-    m.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
+    m.add_argument("--bank", type=TEXT, help="code bank .npz (default: sample 100K codes from --seed)")
     m.add_argument("--look", choices=LOOKS, default="paper", help="paper: the official generator's "
                    "(default); sparse: this project's first renderer")
     _instances_flag(m)

@@ -84,6 +84,20 @@ def number(kind: type = int, within: str | None = None) -> Callable[[str], Any]:
 INT, COUNT, SEED = number(int), number(int, "[1, inf)"), number(int, "[0, inf)")  # argparse types
 
 
+def nonempty(kind: type = Path) -> Callable[[str], Any]:
+    """An argparse type for text and path flags: an empty value is an error (as a path it would silently
+    mean the current folder)."""
+    def parse(text: str) -> Any:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("expected a value, got an empty string")
+        return kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+TEXT = nonempty(str)
+
+
 def parse_settings(pairs: list[str]) -> dict[str, str]:
     """``--set KEY=VALUE`` arguments as a dict (values stay strings; the config types them)."""
     settings = {}
@@ -152,7 +166,8 @@ def add_settings(parser: Any, cls: type, *, groups: dict[str, Any] | None = None
         if base is bool and meta.get("parse") is None:
             kwargs["action"] = "store_false" if f.default is True else "store_true"
         else:
-            kwargs["type"] = meta.get("parse") or base
+            kind = meta.get("parse") or base
+            kwargs["type"] = nonempty(kind) if kind in (str, Path) else kind
             if meta.get("metavar"):
                 kwargs["metavar"] = meta["metavar"]
             choices = choices_of(f)

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from analysis.runs import AnalysisError
 from federated.initialisation import shipped_ready
-from fpsfl.base.cli import COUNT, Parser, UsageError, run_main, writable_dir
+from fpsfl.base.cli import COUNT, TEXT, Parser, UsageError, run_main, writable_dir
 from fpsfl.base.rundir import RunDir
 
 SHIPPED_NAME = "fps-resnet20-cpu-524k"  # the shipped weights the demo compares with, when they ship
@@ -210,13 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     d = sub.add_parser("demo", help="the paper's story in miniature on digits (no download, no GPU needed)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo); re-running with "
-                   "the same folder skips finished steps")
+    d.add_argument("--out", type=TEXT, default="runs/demo",
+                   help="output folder (default runs/demo); re-running with the same folder skips finished "
+                        "steps")
     d.add_argument("--budget", choices=tuple(BUDGETS), default="default",
                    help="smoke: seconds, a pipeline check; default: under 10 minutes on a 2-core CPU; "
                    "full: the paper's budget (100 pre-training epochs x 1M pairs, 100 rounds x 5 local "
                    "epochs), for a GPU")
-    d.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    d.add_argument("--device", type=TEXT, default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     d.add_argument("--jobs", type=COUNT, help="steps run at once, one thread each when more than one "
                    "(default: 2 on the smoke and default budgets, 1 on full)")
     d.set_defaults(run=cmd_demo)
