@@ -252,6 +252,7 @@ def test_export_partitions_keeps_an_existing_manifest_and_refuses_a_file(tmp_pat
     ("fpsfl", ["demo", "--jobs", "-1"], "--jobs: must lie in [1, inf)"),  # hung for ever
     ("fpsfl", ["demo", "--jobs", "0"], "--jobs: must lie in [1, inf)"),
     ("fractals", ["bank", "--n", "1" + "0" * 30, "--out", "OUT/b.npz"], "too large"),  # OverflowError
+    ("federate", ["--lr", "1e308"], "--lr is too large for int64 or float32"),  # RuntimeError from torch
 ])
 def test_tracebacks_and_hangs_are_one_line(tmp_path, capsys, command, args, message):
     from analysis.cli import main as analyze

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import temp_path
-from .settings import choices_of, field_types, fits_int64, flag_of, in_interval, scalar
+from .settings import choices_of, field_types, fits, flag_of, in_interval, scalar
 
 
 class UsageError(Exception):
@@ -64,16 +64,17 @@ def writable_dir(path: Path, flag: str = "--out") -> Path:
 
 def number(kind: type = int, within: str | None = None) -> Callable[[str], Any]:
     """An argparse type for the plain (non-settings) flags: ``kind`` (int or float) within the interval
-    ``within`` (:func:`fpsfl.base.settings.in_interval`'s syntax; NaN never lies in one), an integer within
-    int64. A bad value is argparse's one-line error, before any work starts."""
+    ``within`` (:func:`fpsfl.base.settings.in_interval`'s syntax; NaN never lies in one), within int64 or
+    float32 (:func:`fpsfl.base.settings.fits`). A bad value is argparse's one-line error, before any work
+    starts."""
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got "
                                              f"{text!r}") from None
-        if not fits_int64(value):
-            raise argparse.ArgumentTypeError(f"too large (at most 2**63 - 1), got {text}")
+        if not fits(value):
+            raise argparse.ArgumentTypeError(f"too large for int64 or float32, got {text}")
         if within is not None and not in_interval(value, within):
             raise argparse.ArgumentTypeError(f"must lie in {within}, got {text}")
         return value
