@@ -17,6 +17,7 @@ batches.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Iterator
@@ -230,6 +231,17 @@ class FolderSource:
     def __len__(self) -> int:
         n, b = self.n_images, self.cfg.batch_size
         return n // b if self.cfg.drop_last else math.ceil(n / b)
+
+    def fingerprint(self) -> dict:
+        """The image list for ``--resume`` to compare: a sha256 of every image's path under the root (its
+        class folder included) and size in bytes, in the scan's order; contents are not read (a resume
+        would read the whole folder), so an image edited in place to the same size goes unnoticed."""
+        root, data = os.path.expanduser(self.cfg.root), self.dataset
+        h = hashlib.sha256()
+        for i in range(len(data)):
+            path = data.path(i)
+            h.update(f"{os.path.relpath(path, root)}\0{os.path.getsize(path)}\n".encode())
+        return {"images": len(data), "images_sha256": h.hexdigest()}
 
     def order(self, epoch: int) -> list[list[int]]:
         """The image indices of each batch of ``epoch``: a pure function of (seed, epoch)."""

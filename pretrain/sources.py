@@ -15,8 +15,6 @@ so the CPU side only renders or decodes.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -88,15 +86,8 @@ class ImageSource:
         self.n_classes = len(self.folder.classes) if labelled else None
 
     def fingerprint(self) -> dict:
-        """The image list for ``--resume`` to compare: a sha256 of every image's path under the root (its
-        class folder included) and size in bytes, in the scan's order; contents are not read (a resume
-        would read the whole folder), so an image edited in place to the same size goes unnoticed."""
-        root, data = os.path.expanduser(self.folder.cfg.root), self.folder.dataset
-        h = hashlib.sha256()
-        for i in range(len(data)):
-            path = data.path(i)
-            h.update(f"{os.path.relpath(path, root)}\0{os.path.getsize(path)}\n".encode())
-        return {"images": len(data), "images_sha256": h.hexdigest()}
+        """What ``--resume`` compares: the folder's (or the in-memory batches') fingerprint."""
+        return self.folder.fingerprint()
 
     def __len__(self) -> int:
         return len(self.folder)
