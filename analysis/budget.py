@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from fpsfl.base.checkpoint import load_checkpoint
+from fpsfl.base.cli import COUNT, SEED, TEXT
 from fpsfl.base.device import resolve_device
 from fpsfl.base.rundir import read_jsonl
 
@@ -160,13 +161,13 @@ def register(sub) -> None:
                    help="pretrain checkpoints of several budgets (several seeds of a budget are averaged)")
     p.add_argument("--runs", nargs="*", default=[], metavar="RUN",
                    help="federate run directories from those checkpoints and from random init")
-    p.add_argument("--dataset", default="digits", help="labelled set of the probes: a classification "
-                   "dataset of federate (default: digits)")
-    p.add_argument("--data-root", help="folder holding the dataset (see federate --help)")
-    p.add_argument("--input-size", type=int, help="px the backbone sees (default: the checkpoint's "
+    p.add_argument("--dataset", type=TEXT, default="digits",
+                   help="labelled set of the probes: a classification dataset of federate (default: digits)")
+    p.add_argument("--data-root", type=TEXT, help="folder holding the dataset (see federate --help)")
+    p.add_argument("--input-size", type=COUNT, help="px the backbone sees (default: the checkpoint's "
                    "pre-training size)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random-init probe baseline (default 0)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    p.add_argument("--out", help="output folder (default: analysis/ in the common parent of the "
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the random-init probe baseline (default 0)")
+    p.add_argument("--device", type=TEXT, default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--out", type=TEXT, help="output folder (default: analysis/ in the common parent of the "
                    "checkpoints and runs)")
     p.set_defaults(run=cmd_budget)

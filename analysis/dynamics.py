@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 
+from fpsfl.base.cli import TEXT
+
 from .output import OUT_HELP, new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs
 
@@ -91,5 +93,5 @@ def register(sub) -> None:
     p = sub.add_parser("dynamics", help="local/global gain per round (Eq. 3, Fig. 6)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="*", metavar="RUN", help="federate run directories (drawn on one figure)")
-    p.add_argument("--out", help=OUT_HELP)
+    p.add_argument("--out", type=TEXT, help=OUT_HELP)
     p.set_defaults(run=cmd_dynamics)

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from federated.oracle.combine import State
 from federated.oracle.evaluate import Evaluator
-from fpsfl.base.cli import UsageError, positive
+from fpsfl.base.cli import INT, SEED, TEXT, UsageError, number, positive
 
 from .output import OUT_HELP, new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild
@@ -268,8 +268,6 @@ def _axis_names(kind: str, plane: Plane, vectors: Tensor, coords: Tensor, names:
 def run_landscape(args: argparse.Namespace) -> None:
     if args.grid < 2:
         raise UsageError(f"--grid must be at least 2, got {args.grid}")
-    if args.margin < 0:
-        raise UsageError(f"--margin must be non-negative, got {args.margin}")
     positive("--eval-samples", args.eval_samples)
     positive("--batch-size", args.batch_size)
     runs = load_runs(args.runs)
@@ -316,14 +314,14 @@ def register(sub) -> None:
     p.add_argument("--plane", choices=PLANES, default="anchors",
                    help="anchors: through the first three runs (default); pca: of all runs; random: "
                         "filter-normalised directions around the first run")
-    p.add_argument("--grid", type=int, default=21, help="points per axis (default 21)")
-    p.add_argument("--margin", type=float, default=0.2,
+    p.add_argument("--grid", type=INT, default=21, help="points per axis (default 21)")
+    p.add_argument("--margin", type=number(float, "[0, inf)"), default=0.2,
                    help="grid margin beyond the models, in plot units (anchors) or x the models' extent")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random directions and training subset")
-    p.add_argument("--eval-samples", type=int, default=2000, help="training images per grid point")
-    p.add_argument("--batch-size", type=int, default=1000, help="evaluation batch size (images)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the random directions and training subset")
+    p.add_argument("--eval-samples", type=INT, default=2000, help="training images per grid point")
+    p.add_argument("--batch-size", type=INT, default=1000, help="evaluation batch size (images)")
     p.add_argument("--bn-recompute", action="store_true",
                    help="re-estimate BatchNorm statistics on the training subset at every point")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--out", default=None, help=OUT_HELP)
+    p.add_argument("--device", type=TEXT, default="auto", help="auto | cpu | cuda[:N]")
+    p.add_argument("--out", type=TEXT, default=None, help=OUT_HELP)
     p.set_defaults(run=run_landscape)

@@ -17,6 +17,7 @@ from typing import Any
 import matplotlib
 
 from fpsfl.base.cli import UsageError, writable_dir
+from fpsfl.base.files import atomic_write
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -58,7 +59,7 @@ def new_figure(ncols: int = 1):
 def save_figure(fig, path: Path) -> Path:
     """Write ``fig`` as a PNG of its exact size (no tight cropping) and close it."""
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format=Path(path).suffix[1:] or "png"))
     plt.close(fig)
     return path
 
@@ -75,5 +76,6 @@ def _finite(value: Any) -> Any:
 
 
 def write_json(path: Path, obj: Any) -> Path:
-    path.write_text(json.dumps(_finite(obj), indent=1) + "\n")
+    text = json.dumps(_finite(obj), indent=1) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text))
     return path

@@ -8,18 +8,18 @@ probe); this command reads checkpoints, loads the dataset, prints a table and wr
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from federated.datasets import DataConfig, load_dataset
 from fpsfl.base.checkpoint import load_backbone_weights, load_checkpoint
+from fpsfl.base.cli import COUNT, SEED, TEXT
 from fpsfl.base.device import resolve_device
 from pretrain.backbones import create_backbone
 from pretrain.probe import ProbeData, probe
 
-from .output import output_dir
+from .output import output_dir, write_json
 from .runs import AnalysisError
 
 
@@ -66,7 +66,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
         p, b = r["probe"], r["random_init"]
         print(f"{Path(r['checkpoint']).name:40s} {100 * p['knn_acc']:6.1f}% {100 * p['linear_acc']:6.1f}%"
               f"                {100 * b['knn_acc']:6.1f}% {100 * b['linear_acc']:6.1f}%")
-    (out / "probe.json").write_text(json.dumps({"dataset": args.dataset, "rows": rows}, indent=1) + "\n")
+    write_json(out / "probe.json", {"dataset": args.dataset, "rows": rows})
     print(f"wrote {out / 'probe.json'}")
 
 
@@ -75,12 +75,13 @@ def register(sub) -> None:
                        "beside a random init", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="pretrain checkpoints (.ckpt)")
-    p.add_argument("--dataset", default="digits", help="a classification dataset of federate (default: "
-                   "digits)")
-    p.add_argument("--data-root", help="folder holding the dataset (see federate --help)")
-    p.add_argument("--input-size", type=int, help="px the backbone sees (default: the checkpoint's "
+    p.add_argument("--dataset", type=TEXT, default="digits",
+                   help="a classification dataset of federate (default: digits)")
+    p.add_argument("--data-root", type=TEXT, help="folder holding the dataset (see federate --help)")
+    p.add_argument("--input-size", type=COUNT, help="px the backbone sees (default: the checkpoint's "
                    "pre-training size)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random-init baseline (default 0)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    p.add_argument("--out", help="output folder for probe.json (default: analysis/ beside the checkpoints)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed of the random-init baseline (default 0)")
+    p.add_argument("--device", type=TEXT, default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--out", type=TEXT,
+                   help="output folder for probe.json (default: analysis/ beside the checkpoints)")
     p.set_defaults(run=cmd_probe)

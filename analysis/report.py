@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from federated.partitions import headline, headlines
+from fpsfl.base.cli import TEXT
+from fpsfl.base.files import atomic_write
 
 from .output import OUT_HELP, output_dir, write_json
 from .runs import AnalysisError, Run, load_runs
@@ -226,7 +228,7 @@ def run_report(args: argparse.Namespace) -> None:
     else:
         tables = build_tables(entries)
         markdown, record = to_markdown(tables), to_json(tables)
-    (out / "report.md").write_text(markdown)
+    atomic_write(out / "report.md", lambda tmp: tmp.write_text(markdown))
     write_json(out / "report.json", record)
     print(markdown, end="")
     print(f"report: {out / 'report.md'}, {out / 'report.json'}", file=sys.stderr)
@@ -245,5 +247,5 @@ def register(sub) -> None:
                    help="with --paper: the paper's row of an init label (random, imagenet, places365 or a "
                         "checkpoint's file stem), e.g. --row fps-resnet20=FPS (repeatable; random, imagenet "
                         "and places365 map to Random, ImageNet and Places365 by default)")
-    p.add_argument("--out", default=None, help=OUT_HELP)
+    p.add_argument("--out", type=TEXT, default=None, help=OUT_HELP)
     p.set_defaults(run=run_report)

@@ -13,7 +13,7 @@ import argparse
 import numpy as np
 
 from federated.oracle.tracking import SEARCH, TrackConfig, Tracker
-from fpsfl.base.cli import add_settings, settings_from
+from fpsfl.base.cli import TEXT, add_settings, settings_from
 
 from .output import OUT_HELP, new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild
@@ -119,8 +119,8 @@ def cmd_variance(args: argparse.Namespace) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="*", metavar="RUN", help="federate run directories (drawn on one figure)")
-    p.add_argument("--out", help=OUT_HELP)
-    p.add_argument("--device", default="auto",
+    p.add_argument("--out", type=TEXT, help=OUT_HELP)
+    p.add_argument("--device", type=TEXT, default="auto",
                    help="for runs analysed from saved client models (default auto)")
     group = p.add_argument_group("for runs analysed from saved client models (--save-local-models) rather "
                                  "than tracked ones")

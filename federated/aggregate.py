@@ -70,9 +70,11 @@ def fednova(global_params: State, params: Sequence[State], weights: Sequence[flo
     p = normalise(weights)
     a = [nova_norm(t, momentum) for t in steps]
     tau_eff = sum(pi * ai for pi, ai in zip(p, a, strict=True))
+    # a client of no steps did not move: its normalised update (w - w_i) / a_i is 0, not 0 / 0
+    moved = [(pi, ai, s) for pi, ai, s in zip(p, a, params, strict=True) if ai > 0]
     out = {}
     for key, ref in global_params.items():
-        direction = sum(pi / ai * (ref - s[key]) for pi, ai, s in zip(p, a, params, strict=True))
+        direction = sum((pi / ai * (ref - s[key]) for pi, ai, s in moved), torch.zeros_like(ref))
         out[key] = ref - tau_eff * direction
     return out
 

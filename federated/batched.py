@@ -28,7 +28,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from .aggregate import State
 from .algorithms import ClientContext, FedAvg
 from .datasets.stream import chunks, fetch
-from .local import CHECK_EVERY, DivergenceError
+from .local import CHECK_EVERY, DivergenceError, one_value_batchnorm
 from .tasks import Task
 
 
@@ -38,7 +38,7 @@ class ClientJob:
 
     ctx: ClientContext
     start: State  # the state it starts from: the global model (with its own BatchNorm statistics, bn local)
-    batches: list[Tensor]  # sample indices of every step, in order (batches of one sample already dropped)
+    batches: list[Tensor]  # sample indices of every step, in order (federated.local.epoch_batches)
     aug_gen: torch.Generator
     noise: float
     examples: int = 0  # examples per local epoch: the client's aggregation weight in FedAvg
@@ -135,8 +135,10 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
                                                       jobs[k].aug_gen, jobs[k].noise) for k in group),
                                   strict=True)
             p, b = _select(params, rows), _select(buffers, rows)
-            grads, loss = step(p, b, _vmap_layout(torch.stack(inputs)), torch.stack(targets),
-                               _select(clients, rows), shared)
+            single = len(jobs[group[0]].batches[t]) == 1  # one-sample batches: as federated.local.local_train
+            with one_value_batchnorm(fm.train_model, on=single):
+                grads, loss = step(p, b, _vmap_layout(torch.stack(inputs)), torch.stack(targets),
+                                   _select(clients, rows), shared)
             if rows is not None:  # the group's BatchNorm statistics were updated in a gathered copy
                 for key, value in b.items():
                     buffers[key][rows] = value

@@ -31,6 +31,7 @@ from fpsfl.base.cli import (
     UsageError,
     add_set_flag,
     add_settings,
+    nonempty,
     parse_settings,
     run_main,
     settings_from,
@@ -47,7 +48,7 @@ from .local import DivergenceError
 from .oracle.tracking import TrackConfig
 from .partitions import PARTITIONS, PartitionError
 from .setup import client_class_counts, partitioned
-from .shards import MANIFEST, export_shards, partition_settings
+from .shards import MANIFEST, check_export_dir, export_shards, partition_settings
 
 GROUPS = {  # argparse sections of the generated flags, in order, with their notes
     "data": None, "partition": None, "federated training": None, "segmentation (cityscapes)": None,
@@ -113,6 +114,7 @@ def cmd_federate(args: argparse.Namespace) -> None:
 def cmd_export(args: argparse.Namespace) -> None:
     """The run's partition as node-local shards (:mod:`federated.shards`)."""
     cfg = config_from(args)
+    check_export_dir(args.out)  # before the data is loaded
     data, task, parts = partitioned(cfg)
     parts = [torch.as_tensor(p, dtype=torch.long) for p in parts]
     with tqdm(total=len(parts), desc="shards", unit="client", disable=not args.progress) as bar:
@@ -135,8 +137,9 @@ def build_export_parser() -> argparse.ArgumentParser:
                         if f.metadata.get("group") in ("data", "partition")) + ("seed",)
     add_settings(p, FederateConfig, only=tuple(n for n in data_fields if n != "input_size"))
     add_partition_flags(p)
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory for the shards and the "
-                   "manifest (created; shards of the same names are replaced)")
+    p.add_argument("--out", type=nonempty(Path), required=True, metavar="DIR",
+                   help="directory for the shards and the manifest (created; one that holds a manifest is "
+                        "refused)")
     p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(run=cmd_export, set=[])
     return p

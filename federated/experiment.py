@@ -79,7 +79,9 @@ class FederateConfig:
                                 group="federated training")
     lr: float | None = setting(None, "local learning rate", within="(0, inf)", group="federated training",
                                default_text="the dataset's Table-9 preset")
-    batch_size: int | None = setting(None, "local batch", within="[1, inf)", group="federated training",
+    batch_size: int | None = setting(None, "local batch; at least 2: BatchNorm trains on batch statistics (a "
+                                           "client of one sample still trains, docs/reliability.md)",
+                                     within="[2, inf)", group="federated training",
                                      default_text="the dataset's Table-9 preset, e.g. 32 for CIFAR")
     optimizer: str | None = setting(None, "local optimiser", choices=("sgd", "adam"),
                                     group="federated training",
@@ -256,7 +258,9 @@ def needed_replies(spec: str, selected: int) -> int:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"--min-replies expects a count N or a fraction in (0, 1], got {text!r}") from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"--min-replies expects a count N or a fraction in (0, 1], got {text!r}")
     fraction = "." in text or "e" in text.lower() or 0 < value < 1
     if fraction and not 0 < value <= 1:
         raise ValueError(f"--min-replies: a fraction must be in (0, 1], got {text}")

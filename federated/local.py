@@ -9,9 +9,12 @@ batch by batch ahead of use (:mod:`federated.datasets.stream`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from .algorithms import ClientContext, FedAvg
 from .datasets.stream import fetch
@@ -34,13 +37,48 @@ def make_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
 
 def epoch_batches(pools: list[Tensor], batch_size: int, order_gen: torch.Generator) -> list[Tensor]:
     """The sample indices of every local step: one local epoch per entry of ``pools``, each in an order
-    drawn from ``order_gen`` (CPU), cut into batches. A batch of one sample is dropped (BatchNorm cannot
-    train on it)."""
+    drawn from ``order_gen`` (CPU), cut into batches. A last batch of one sample is dropped when the epoch
+    has larger ones (its sample comes in another epoch's order); an epoch of one-sample batches (a client
+    of one sample, or ``--batch-size 1``) keeps them (see :func:`one_value_batchnorm`)."""
     batches = []
     for pool in pools:
         order = pool[torch.randperm(len(pool), generator=order_gen)]
-        batches += [batch for batch in order.split(batch_size) if len(batch) >= 2]
+        split = order.split(batch_size)
+        singles = bool(split) and len(split[0]) == 1  # every batch has one sample
+        batches += [batch for batch in split if len(batch) >= 2 or singles]
     return batches
+
+
+@contextmanager
+def one_value_batchnorm(model: nn.Module, on: bool = True) -> Iterator[None]:
+    """While ``on``, a BatchNorm layer that sees one value per channel normalises that input with its running
+    statistics (eval mode, for that call only), as train mode cannot; every other layer trains as usual.
+    How a one-sample batch trains: its layers normalise over the sample's positions, except those after a
+    1x1 feature map (ResNet18 or MobileNetV2 at 32 px), whose input the earlier layers already normalised.
+    A whole model in eval mode would not do: a random init's running statistics (0 and 1) normalise
+    nothing, and on digits the loss became NaN within the first steps."""
+    if not on:
+        yield
+        return
+    switched: set[nn.Module] = set()
+
+    def before(layer: nn.Module, args: tuple) -> None:
+        x = args[0]
+        if layer.training and x.numel() == x.shape[1]:
+            layer.training = False
+            switched.add(layer)
+
+    def after(layer: nn.Module, args: tuple, output: Tensor) -> None:
+        if layer in switched:
+            switched.discard(layer)
+            layer.training = True
+    hooks = [hook for m in model.modules() if isinstance(m, _BatchNorm)
+             for hook in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def local_train(model: nn.Module, optimizer: torch.optim.Optimizer, algo: FedAvg, ctx: ClientContext,
@@ -52,7 +90,8 @@ def local_train(model: nn.Module, optimizer: torch.optim.Optimizer, algo: FedAvg
     total, count = torch.zeros((), device=x.device), 0
     for batch, images in zip(batches, fetch(x, batches), strict=True):  # streamed images: decoded ahead
         inputs, targets = task.train_inputs(images, y[batch.to(y.device)], aug_gen, noise)
-        loss = algo.local_loss(ctx, model, task, inputs, targets)
+        with one_value_batchnorm(model, on=len(batch) == 1):
+            loss = algo.local_loss(ctx, model, task, inputs, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         algo.before_step(ctx, model)

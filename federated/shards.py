@@ -13,13 +13,15 @@ A SuperNode started with ``--node-config "partition-id=I data-dir=DIR"`` loads o
 (:func:`load_shard`, which checks it against the manifest; it never loads the test set) and reports the
 shard's sha256 in every reply; the server, given the same manifest (run config ``shards``), checks that the
 manifest is the run's partition (:func:`check_manifest`) and every reply's hash against it. The sha256 is of
-the arrays (dtype, shape, bytes), not of the .npz file, whose zip headers carry timestamps.
+the arrays x, y and index (dtype, shape, bytes), not of the .npz file, whose zip headers carry timestamps.
+An export never replaces another's manifest: a directory that holds one is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,11 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fpsfl.base.checkpoint import atomic_write
+from fpsfl.base.files import LockedError, atomic_write, clean_stale, lock_file, unlock_file
 
 from .datasets import ImageData
 
-FORMAT = "fpsfl-shards/1"
+FORMAT = "fpsfl-shards/2"  # /2: the sha256 covers the index array too
 MANIFEST = "manifest.json"
 # the FederateConfig fields that decide which samples a client holds (the partition's settings and its
 # resolved min_size come on top)
@@ -73,10 +75,11 @@ def partition_settings(cfg: Any) -> dict:
     return json.loads(json.dumps(settings))
 
 
-def shard_digest(x: np.ndarray, y: np.ndarray) -> str:
-    """sha256 of a shard's arrays: their dtypes, shapes and bytes."""
+def shard_digest(*arrays: np.ndarray) -> str:
+    """sha256 of a shard's arrays (x, y, index): their dtypes, shapes and bytes. The index is covered: an
+    edited one would map the server's sample pools (FedVC) to other samples."""
     h = hashlib.sha256()
-    for a in (x, y):
+    for a in arrays:
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
@@ -90,16 +93,48 @@ def export_shards(out: Path, settings: dict, data: ImageData, parts: list[torch.
                   class_counts: np.ndarray, progress=None) -> dict:
     """Write one shard per client of ``parts`` (positions in ``data``'s training set) and the manifest into
     ``out``; returns the manifest. ``progress`` (a tqdm) is advanced once per shard."""
-    out.mkdir(parents=True, exist_ok=True)
-    stale = out / MANIFEST
-    stale.unlink(missing_ok=True)  # a manifest appears only once every shard it names is complete
+    lock = check_export_dir(out) / ".lock"
+    try:
+        fd = lock_file(lock, f"{out} is being written by process {{holder}} (another export)")
+    except (LockedError, OSError) as exc:
+        raise ShardError(str(exc) if isinstance(exc, LockedError) else f"cannot write in --out {out}: "
+                         f"{exc.strerror or exc}") from None
+    try:
+        check_export_dir(out)  # again, under the lock
+        clean_stale(out, _SHARD_FILES, recursive=False)  # of an export killed before its rename
+        return _export(out, settings, data, parts, class_counts, progress)
+    finally:
+        unlock_file(lock, fd)
+
+
+_SHARD_FILES = re.compile(rf"client-\d+\.npz|{re.escape(MANIFEST)}")
+
+
+def check_export_dir(out: Path) -> Path:
+    """``out`` made and writable, without a manifest (an interrupted export's shards, which have none, are
+    replaced); ShardError otherwise. Returns ``out``."""
+    if out.exists() and not out.is_dir():
+        raise ShardError(f"--out {out} is a file, not a folder for the shards")
+    if (out / MANIFEST).exists():
+        raise ShardError(f"--out {out} already holds an export ({MANIFEST}); choose another --out or remove "
+                         f"it")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ShardError(f"cannot write in --out {out}: {exc.strerror or exc}") from None
+    return out
+
+
+def _export(out: Path, settings: dict, data: ImageData, parts: list[torch.Tensor], class_counts: np.ndarray,
+            progress) -> dict:
     shards = []
     for client, part in enumerate(parts):
         x, y = data.train_x[part].cpu().numpy(), data.train_y[part].cpu().numpy()
+        index = part.cpu().numpy().astype(np.int64)
         name = shard_name(client)
-        atomic_write(out / name, partial(_savez, x=x, y=y, index=part.cpu().numpy().astype(np.int64)))
+        atomic_write(out / name, partial(_savez, x=x, y=y, index=index))
         shards.append({"client": client, "file": name, "samples": int(len(part)),
-                       "sha256": shard_digest(x, y)})
+                       "sha256": shard_digest(x, y, index)})
         if progress is not None:
             progress.update(1)
     manifest = {"format": FORMAT, "settings": settings, "sizes": [int(len(p)) for p in parts],
@@ -127,7 +162,10 @@ def read_manifest(data_dir: Path | str) -> dict:
     except (OSError, ValueError) as exc:
         raise ShardError(f"{path}: not a readable shard manifest ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ShardError(f"{path}: not a {FORMAT} manifest")
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        older = " (an older export: export the partitions again)" if str(found).startswith("fpsfl-shards/") \
+            else ""
+        raise ShardError(f"{path}: not a {FORMAT} manifest{older}")
     return manifest
 
 
@@ -143,9 +181,11 @@ def load_shard(data_dir: Path | str, client: int) -> Shard:
     try:
         with np.load(root / entry["file"]) as npz:
             x, y, index = npz["x"], npz["y"], npz["index"]
-    except (OSError, KeyError, ValueError) as exc:
-        raise ShardError(f"{root / entry['file']}: not a readable shard ({exc})") from None
-    digest = shard_digest(x, y)
+    except Exception as exc:  # truncated or bit-flipped: zipfile, zlib, EOF, pickle or key errors alike
+        detail = " ".join(str(exc).split())[:120] or type(exc).__name__
+        raise ShardError(f"{root / entry['file']}: not a readable shard (a changed or partly copied shard? "
+                         f"{detail})") from None
+    digest = shard_digest(x, y, index)
     if digest != entry["sha256"]:
         raise ShardError(f"{root / entry['file']}: its contents do not match the manifest's sha256 (a "
                          f"changed or partly copied shard)")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fpsfl.base.cli import Parser, UsageError, positive, run_main
+from fpsfl.base.cli import INT, SEED, TEXT, Parser, UsageError, positive, run_main, writable_file
 
 from .ifs import PAPER_BANK, BankError, bank_or_sample, sample_codes, save_bank
 from .preview import make_cells, write_grid
@@ -30,8 +30,8 @@ def _size(value: int) -> int:
 
 def cmd_bank(args: argparse.Namespace) -> None:
     positive("--n", args.n)
+    writable_file(Path(args.out))
     bank = sample_codes(args.n, args.seed)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     save_bank(bank, args.out)
     print(f"wrote {len(bank)} codes (seed {args.seed}) to {args.out}")
 
@@ -39,8 +39,8 @@ def cmd_bank(args: argparse.Namespace) -> None:
 def cmd_preview(args: argparse.Namespace) -> None:
     positive("--n", args.n)
     cfg = RenderConfig.preset(_size(args.size), look=args.look, instances=args.instances)
+    writable_file(Path(args.out))
     images = make_cells(args.kind, bank_or_sample(args.bank, args.seed), cfg, args.n, args.seed, args.augs)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     height, width = write_grid(images, args.out)
     print(f"wrote {args.out} ({width}x{height} px, {args.n} {args.kind} cells)")
 
@@ -93,21 +93,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     b = sub.add_parser("bank", help="sample a bank of IFS codes to an .npz file")
-    b.add_argument("--n", type=int, default=PAPER_BANK, help="number of codes (default: 100000, the paper's)")
-    b.add_argument("--seed", type=int, default=0, help="sampling seed; one seed gives identical bytes")
-    b.add_argument("--out", required=True, help="output .npz path (plain arrays, no pickles)")
+    b.add_argument("--n", type=INT, default=PAPER_BANK, help="number of codes (default: 100000, the paper's)")
+    b.add_argument("--seed", type=SEED, default=0, help="sampling seed; one seed gives identical bytes")
+    b.add_argument("--out", type=TEXT, required=True, help="output .npz path (plain arrays, no pickles)")
     b.set_defaults(run=cmd_bank)
 
     v = sub.add_parser("preview", help="write a PNG grid of rendered samples (views side by side)")
     v.add_argument("--kind", choices=KINDS, default="fps",
                    help="fps: FPS pairs; multilabel: multi-label images; single: one fractal, two augmented "
                         "views (default: fps)")
-    v.add_argument("--size", type=int, default=32, help="image side in px, >= 16; 32 and 224 are the paper's")
-    v.add_argument("--n", type=int, default=8, help="number of pairs/images (default: 8)")
-    v.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    v.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
+    v.add_argument("--size", type=INT, default=32, help="image side in px, >= 16; 32 and 224 are the paper's")
+    v.add_argument("--n", type=INT, default=8, help="number of pairs/images (default: 8)")
+    v.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
+    v.add_argument("--bank", type=TEXT, help="code bank .npz (default: sample 100K codes from --seed)")
     v.add_argument("--augs", action="store_true", help="also apply the image-level augmentations")
-    v.add_argument("--out", default="preview.png", help="output PNG path (default: preview.png)")
+    v.add_argument("--out", type=TEXT, default="preview.png", help="output PNG path (default: preview.png)")
     v.add_argument("--look", choices=LOOKS, default="paper", help="paper: the official generator's "
                    "(default); sparse: this project's first renderer")
     _instances_flag(v)
@@ -117,23 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
                        "views (no image-level augmentation), against the official generator's")
     t.add_argument("--look", choices=LOOKS, default="paper", help="paper (default) | sparse")
     _instances_flag(t)
-    t.add_argument("--size", type=int, default=32, help="image side in px (default 32)")
-    t.add_argument("--pairs", type=int, default=200, help="pairs rendered (default 200)")
-    t.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    t.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
+    t.add_argument("--size", type=INT, default=32, help="image side in px (default 32)")
+    t.add_argument("--pairs", type=INT, default=200, help="pairs rendered (default 200)")
+    t.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
+    t.add_argument("--bank", type=TEXT, help="code bank .npz (default: sample 100K codes from --seed)")
     t.add_argument("--json", action="store_true", help="print one JSON line instead of a sentence")
     t.set_defaults(run=cmd_stats)
 
     m = sub.add_parser("bench", help="measure FPS pair throughput (one worker = one core)")
-    m.add_argument("--size", type=int, default=32,
+    m.add_argument("--size", type=INT, default=32,
                    help="image side in px: 32 (1K points a fractal) or 224 (100K points)")
     m.add_argument("--augs", action="store_true", help="include the image-level augmentations (on CPU)")
-    m.add_argument("--pairs", type=int, default=None,
+    m.add_argument("--pairs", type=INT, default=None,
                    help="pairs to time (default: 100000 at 32 px, 1000 at larger sizes)")
-    m.add_argument("--workers", type=int, default=1,
+    m.add_argument("--workers", type=INT, default=1,
                    help="DataLoader worker processes (default: 1, i.e. one core)")
-    m.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    m.add_argument("--bank", help="code bank .npz (default: sample 100K codes from --seed)")
+    m.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
+    m.add_argument("--bank", type=TEXT, help="code bank .npz (default: sample 100K codes from --seed)")
     m.add_argument("--look", choices=LOOKS, default="paper", help="paper: the official generator's "
                    "(default); sparse: this project's first renderer")
     _instances_flag(m)

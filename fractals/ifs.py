@@ -14,12 +14,13 @@ plain ``.npz`` (no pickles) written with fixed zip timestamps so one seed always
 from __future__ import annotations
 
 import io
-import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from fpsfl.base.files import atomic_write
 
 MAX_MAPS = 4
 PAPER_BANK = 100_000  # Appendix A.1: I codes are drawn from a pre-sampled bank of 100K
@@ -113,19 +114,19 @@ def singular_values(maps: np.ndarray) -> np.ndarray:
 def save_bank(bank: CodeBank, path: str | Path) -> None:
     """Write ``bank`` as an ``.npz`` whose bytes depend only on its contents (fixed zip timestamps).
 
-    The file appears atomically (written beside, then renamed), so a crash never leaves half a bank.
+    The file appears atomically (:func:`fpsfl.base.files.atomic_write`), so a crash never leaves half a bank.
     """
-    path = Path(path)
     arrays = {"format": np.array(BANK_FORMAT), **{k: getattr(bank, k) for k in _BANK_KEYS}}
-    partial = path.with_name(path.name + ".partial")
-    with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for name, arr in arrays.items():
-            buf = io.BytesIO()
-            np.lib.format.write_array(buf, np.asarray(arr), allow_pickle=False)
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, buf.getvalue())
-    os.replace(partial, path)
+
+    def write(tmp: Path) -> None:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            for name, arr in arrays.items():
+                buf = io.BytesIO()
+                np.lib.format.write_array(buf, np.asarray(arr), allow_pickle=False)
+                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                zf.writestr(info, buf.getvalue())
+    atomic_write(path, write)
 
 
 class BankError(ValueError):

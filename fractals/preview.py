@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from fpsfl.base.files import atomic_write
 from fpsfl.base.images import AugmentConfig
 
 from .ifs import CodeBank
@@ -68,5 +69,5 @@ def write_grid(images: np.ndarray, path: str | Path) -> tuple[int, int]:
         for v in range(views):
             x = left + v * (side + VIEW_GAP)
             grid[top: top + side, x: x + side] = images[v, i].repeat(z, 0).repeat(z, 1)
-    Image.fromarray(grid).save(path, format="PNG")
+    atomic_write(path, lambda tmp: Image.fromarray(grid).save(tmp, format="PNG"))
     return height, width

@@ -29,6 +29,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from fpsfl.base.images import pil_rgb
+
 # torchvision.datasets.folder.IMG_EXTENSIONS, copied so that importing this module does not import
 # torchvision (~0.4 s); tests/test_folder.py checks that the two agree.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -59,10 +61,32 @@ def is_image(name: str) -> bool:
     return name.lower().endswith(IMG_EXTENSIONS)
 
 
-def _walk(directory: str) -> list[str]:
-    """Image files under ``directory`` in torchvision's ``make_dataset`` order (sorted walk, sorted names)."""
-    return [os.path.join(root, name) for root, _, names in sorted(os.walk(directory, followlinks=True))
-            for name in sorted(names) if is_image(name)]
+def walk_images(directory: str) -> list[str]:
+    """Image files under ``directory`` in torchvision's ``make_dataset`` order (sorted walk, sorted names).
+
+    Links are followed, but each real folder is entered once and each real file listed once: a link to a
+    folder above it (``ln -s . ROOT/a/self``) would list the tree again at every level of the loop, and two
+    such links would walk for ever. Of a folder's several paths the first in a sorted walk is kept."""
+    folders, entered = [], set()
+    for root, dirs, names in os.walk(directory, followlinks=True):
+        dirs.sort()  # which path of a linked folder is kept does not depend on the listing order
+        real = os.path.realpath(root)
+        if real in entered:
+            dirs.clear()
+            continue
+        entered.add(real)
+        folders.append((root, real, names))
+    paths, listed = [], set()
+    for root, real, names in sorted(folders):
+        for name in sorted(names):
+            if not is_image(name):
+                continue
+            path = os.path.join(root, name)
+            key = os.path.realpath(path) if os.path.islink(path) else os.path.join(real, name)
+            if key not in listed:
+                listed.add(key)
+                paths.append(path)
+    return paths
 
 
 def scan(cfg: FolderConfig) -> tuple[list[str], list[int], list[str]]:
@@ -77,7 +101,7 @@ def scan(cfg: FolderConfig) -> tuple[list[str], list[int], list[str]]:
         raise FolderError(f"image folder {cfg.root!r} {what}")
     accepted = f"accepted extensions: {' '.join(IMG_EXTENSIONS)} (any case)"
     if not cfg.labelled:
-        paths = _walk(root)
+        paths = walk_images(root)
         if not paths:
             raise FolderError(f"no images found under {cfg.root!r}; {accepted}")
         return paths, [0] * len(paths), []
@@ -87,7 +111,7 @@ def scan(cfg: FolderConfig) -> tuple[list[str], list[int], list[str]]:
                           f"found {len(classes)} in {cfg.root!r}")
     paths, labels, empty = [], [], []
     for index, name in enumerate(classes):
-        found = _walk(os.path.join(root, name))
+        found = walk_images(os.path.join(root, name))
         paths += found
         labels += [index] * len(found)
         if not found:
@@ -130,7 +154,7 @@ def load_image(path: str, size: int) -> np.ndarray:
     try:
         with Image.open(path) as img:
             img.draft("RGB", (size, size))
-            img = img.convert("RGB")
+            img = pil_rgb(img)  # 16-bit grey scaled, transparency on black
             w, h = img.size
             # torchvision's rule: the shorter side becomes size, the longer int(size * long / short)
             new_w, new_h = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from fpsfl.base.images import pil_rgb
+
 from . import DataConfig, Preset, register_dataset
 from .decode import DataError, Loaded, _ids, _labels, _require_dir, decode_parallel
 
@@ -103,7 +105,11 @@ def decode_cityscapes(images: list[str], labels: list[str], height: int, lut: np
             if max(1, round(height * w / h)) != width:
                 raise DataError(f"cityscapes: {images[i]!r} ({w}x{h}) has another aspect than "
                                 f"{images[0]!r}; all images of a split must store at {width}x{height}")
-            x[i] = np.asarray(img.convert("RGB").resize((width, height), Image.Resampling.BILINEAR))
+            try:
+                rgb = pil_rgb(img)  # 16-bit scaled to 8, transparency on black
+            except ValueError as e:
+                raise DataError(f"cityscapes: {images[i]!r}: {e}") from None
+            x[i] = np.asarray(rgb.resize((width, height), Image.Resampling.BILINEAR))
             small = _eight_bit_ids(ids, labels[i]).resize((width, height), Image.Resampling.NEAREST)
             y[i] = lut[np.asarray(small)]
 

@@ -14,7 +14,7 @@ import os
 import zlib
 from collections.abc import Callable
 
-from pretrain.folder import is_image
+from pretrain.folder import walk_images
 
 from . import DataConfig, Preset, register_dataset
 from .decode import DataError, Loaded, _ids, _require_dir, decode_split
@@ -91,10 +91,8 @@ def _image_finder(root: str) -> Callable[[str], str | None]:
         if value in listed or stem in listed:
             return listed.get(value) or listed[stem]
         if not stems:
-            for folder, _, names in sorted(os.walk(root, followlinks=True)):
-                for name in sorted(names):
-                    if is_image(name):
-                        stems.setdefault(os.path.splitext(name)[0], os.path.join(folder, name))
+            for found in walk_images(root):  # links followed, each real folder and file once
+                stems.setdefault(os.path.splitext(os.path.basename(found))[0], found)
         return stems.get(stem)
 
     return find

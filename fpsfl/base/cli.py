@@ -11,11 +11,12 @@ import argparse
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .files import temp_path
-from .settings import choices_of, field_types, flag_of, scalar
+from .settings import choices_of, field_types, fits, flag_of, in_interval, scalar
 
 
 class UsageError(Exception):
@@ -59,6 +60,43 @@ def writable_dir(path: Path, flag: str = "--out") -> Path:
     except OSError as exc:
         raise UsageError(f"cannot write in {flag} {path}: {exc.strerror or exc}") from None
     return path
+
+
+def number(kind: type = int, within: str | None = None) -> Callable[[str], Any]:
+    """An argparse type for the plain (non-settings) flags: ``kind`` (int or float) within the interval
+    ``within`` (:func:`fpsfl.base.settings.in_interval`'s syntax; NaN never lies in one), within int64 or
+    float32 (:func:`fpsfl.base.settings.fits`). A bad value is argparse's one-line error, before any work
+    starts."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got "
+                                             f"{text!r}") from None
+        if not fits(value):
+            raise argparse.ArgumentTypeError(f"too large for int64 or float32, got {text}")
+        if within is not None and not in_interval(value, within):
+            raise argparse.ArgumentTypeError(f"must lie in {within}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+INT, COUNT, SEED = number(int), number(int, "[1, inf)"), number(int, "[0, inf)")  # argparse types
+
+
+def nonempty(kind: type = Path) -> Callable[[str], Any]:
+    """An argparse type for text and path flags: an empty value is an error (as a path it would silently
+    mean the current folder)."""
+    def parse(text: str) -> Any:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("expected a value, got an empty string")
+        return kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+TEXT = nonempty(str)
 
 
 def parse_settings(pairs: list[str]) -> dict[str, str]:
@@ -129,7 +167,8 @@ def add_settings(parser: Any, cls: type, *, groups: dict[str, Any] | None = None
         if base is bool and meta.get("parse") is None:
             kwargs["action"] = "store_false" if f.default is True else "store_true"
         else:
-            kwargs["type"] = meta.get("parse") or base
+            kind = meta.get("parse") or base
+            kwargs["type"] = nonempty(kind) if kind in (str, Path) else kind
             if meta.get("metavar"):
                 kwargs["metavar"] = meta["metavar"]
             choices = choices_of(f)

@@ -364,3 +364,30 @@ def eval_batch(x: Tensor, input_size: int, mean: tuple[float, ...] = IMAGENET_ME
         out = F.interpolate(out, size=(input_size, input_size), mode="bilinear", align_corners=False,
                             antialias=input_size < x.shape[1])
     return normalise(out, mean, std)
+
+
+# ---- decoded files as 8-bit RGB ------------------------------------------------------------------------
+_SIXTEEN_BIT = 65535 / 255  # a 16-bit value v is the 8-bit value v / 257
+
+
+def pil_rgb(img):
+    """A PIL image as 8-bit RGB, what every reader stores. PIL's ``convert("RGB")`` alone clips 16- and
+    32-bit grey (mode ``I;16``, ``I``: many X-ray and microscopy sets) to 255, so almost every pixel comes
+    out white; such images are scaled from 16 bits to 8 instead (``I`` holds a 16-bit file's values; larger
+    ones clip). Transparent pixels (RGBA, LA, PA, or a palette or grey image with a transparent colour) are
+    composited on black, as their colour under a zero alpha is arbitrary. Float images (mode ``F``) have no
+    agreed range: ValueError."""
+    import numpy as np
+    from PIL import Image
+
+    mode = img.mode
+    if mode == "F":
+        raise ValueError("32-bit float images (PIL mode F) have no agreed range; convert them to 8 or 16 bit")
+    if mode.startswith("I"):  # I;16, I;16B, I;16L, I;16N, I
+        values = np.asarray(img, dtype=np.float64) / _SIXTEEN_BIT
+        img = Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        black = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
+        return Image.alpha_composite(black, rgba).convert("RGB")
+    return img if img.mode == "RGB" else img.convert("RGB")

@@ -150,6 +150,15 @@ class RunDir:
     def has_state(self) -> bool:
         return self.state_path.is_file()
 
+    def done(self) -> int:
+        """The epochs or rounds the saved state counts as finished (0 without a readable state): the
+        state is the last file a finished epoch or round writes, so its count is what is on disk."""
+        try:
+            state = load_weights_only(self.state_path, "run state (state.pt)", RunDirError)
+        except RunDirError:
+            return 0
+        return int(state.get("done", 0)) if isinstance(state, dict) else 0
+
     def ensure_new(self) -> None:
         """Refuse a directory that already holds a run, so that nothing is overwritten: its state or metrics,
         a finished run's final model, or the config.json of a run killed before its first state."""

@@ -57,6 +57,22 @@ def in_interval(value: float, interval: str) -> bool:
     return above and below
 
 
+INT64 = (-(2**63), 2**63 - 1)  # what torch and numpy hold: a larger integer overflows deep inside them
+FLOAT32_MAX = 3.4028234663852886e38  # a setting becomes a float32 tensor (lr, weight decay, width...)
+
+
+def fits(value: Any) -> bool:
+    """False for an integer outside int64 or a finite float beyond float32's range (a larger value
+    overflows inside torch or numpy, as ``--lr 1e308`` did); anything else is not this check's business."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        return INT64[0] <= value <= INT64[1]
+    if isinstance(value, float):
+        return not math.isfinite(value) or abs(value) <= FLOAT32_MAX
+    return True
+
+
 def choices_of(f: dataclasses.Field) -> tuple | None:
     choices = f.metadata.get("choices")
     return tuple(choices()) if callable(choices) else choices
@@ -72,6 +88,9 @@ def check(obj: Any, style: str = "flag") -> None:
         name = flag_of(f) if style == "flag" else f"setting {f.name}"
         within, choices = f.metadata.get("within"), choices_of(f)
         items = value if isinstance(value, tuple) else (value,)
+        too_large = [v for v in items if not fits(v)]
+        if too_large:
+            raise ValueError(f"{name} is too large for int64 or float32, got {too_large[0]}")
         if within and not all(in_interval(v, within) for v in items):
             raise ValueError(f"{name} must lie in {within}, got {value!r}")
         if choices is not None and not all(v in choices for v in items):

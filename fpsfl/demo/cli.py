@@ -31,7 +31,8 @@ from tqdm import tqdm
 
 from analysis.runs import AnalysisError
 from federated.initialisation import shipped_ready
-from fpsfl.base.cli import Parser, UsageError, run_main
+from fpsfl.base.cli import COUNT, TEXT, Parser, UsageError, run_main, writable_dir
+from fpsfl.base.rundir import RunDir
 
 SHIPPED_NAME = "fps-resnet20-cpu-524k"  # the shipped weights the demo compares with, when they ship
 
@@ -72,11 +73,26 @@ class Step:
     name: str
     module: str  # the console script's module, run as ``python -m module argv``
     argv: list[str]
-    done: Path  # exists once the step has finished
+    done: Path  # federate: its final.pt, which exists once the run finished; pretrain: its run directory
     resume_if: Path | None = None  # exists when an interrupted run can be resumed
     after: tuple[str, ...] = ()  # names of the steps that must finish first
     seconds: float | None = None  # None: skipped (already done)
     extra: dict = field(default_factory=dict)
+    epochs: int | None = None  # pretrain: finished once its run directory's state counts these epochs
+
+    def finished(self) -> bool:
+        return federate_done(self.done) if self.epochs is None else pretrain_done(self.done, self.epochs)
+
+
+def pretrain_done(run_dir: Path, epochs: int) -> bool:
+    """A pre-training run is finished once its state counts every epoch: pretrain writes --out after every
+    epoch, so the checkpoint's existence says nothing, and the state is the last file an epoch writes."""
+    return RunDir(run_dir).done() >= epochs
+
+
+def federate_done(final: Path) -> bool:
+    """A federated run is finished once its final.pt exists (written after the last round's state)."""
+    return final.exists()
 
 
 def _federate_argv(out: Path, init: str, budget: Budget, device: str, seed: int, centralised: bool,
@@ -103,7 +119,8 @@ def plan(out: Path, budget: Budget, device: str) -> list[Step]:
                ["fps", "--arch", "resnet20", "--width", f"{budget.width:g}", "--size", "32",
                 "--epochs", str(budget.pretrain_epochs), "--pairs-per-epoch", str(budget.pretrain_pairs),
                 "--batch-size", str(budget.pretrain_batch), "--device", device, "--out", str(ckpt),
-                "--probe", "digits", "--quiet"], ckpt, out / "fps.run" / "state.pt")
+                "--probe", "digits", "--quiet"], out / "fps.run", out / "fps.run" / "config.json",
+               epochs=budget.pretrain_epochs)
     steps = [pre]
     inits = [("random", "random", ()), ("fps", str(ckpt), (pre.name,))]
     if shipped_ready(SHIPPED_NAME) and budget.width == 1.0:
@@ -114,18 +131,20 @@ def plan(out: Path, budget: Budget, device: str) -> list[Step]:
             tracked = seed == budget.seeds[0] and label != "fps-shipped"
             steps.append(Step(f"FedAvg from {label} init, seed {seed}", "federated.cli",
                               _federate_argv(run, init, budget, device, seed, False, tracked),
-                              run / "final.pt", run / "state.pt", after,
+                              run / "final.pt", run / "config.json", after,
                               extra={"run": run, "label": label, "seed": seed, "tracked": tracked}))
         if label != "fps-shipped":
             run = out / "runs" / f"cl-{label}"
             steps.append(Step(f"centralised baseline from {label} init", "federated.cli",
                               _federate_argv(run, init, budget, device, budget.seeds[0], True, False),
-                              run / "final.pt", run / "state.pt", after,
+                              run / "final.pt", run / "config.json", after,
                               extra={"run": run, "label": label, "centralised": True}))
     return steps
 
 
 def _command(step: Step) -> list[str]:
+    """The step's command; with --resume once its run directory holds a config.json (the run started: it
+    resumes from its last state, or starts again if it saved none)."""
     resume = ["--resume"] if step.resume_if is not None and step.resume_if.exists() else []
     return [sys.executable, "-m", step.module, *step.argv, *resume]
 
@@ -134,11 +153,11 @@ def run_steps(steps: list[Step], jobs: int, log: Path) -> None:
     """Run the steps not done yet, ``jobs`` at a time once their ``after`` steps finished; each subprocess
     gets one thread when several run at once. Its output goes to ``log``; a failure stops the demo."""
     env = {**os.environ, **({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if jobs > 1 else {})}
-    todo = [s for s in steps if not s.done.exists()]
+    finished = {s.name for s in steps if s.finished()}
+    todo = [s for s in steps if s.name not in finished]
     for s in steps:
-        if s.done.exists():
+        if s.name in finished:
             print(f"{s.name}: already done ({s.done}), skipped", flush=True)
-    finished = {s.name for s in steps if s.done.exists()}
     running: dict[str, tuple[Step, subprocess.Popen, float]] = {}
     bar = tqdm(total=len(todo), desc="demo steps", unit="step", dynamic_ncols=True)
     with log.open("a") as out:
@@ -173,8 +192,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from .report import write_report
 
     budget = BUDGETS[args.budget]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_dir(Path(args.out))
     steps = plan(out, budget, args.device)
     jobs = args.jobs or budget.jobs
     print(f"fpsfl demo, {args.budget} budget ({budget.note}): {len(steps)} steps, {jobs} at a time, then the "
@@ -192,14 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     d = sub.add_parser("demo", help="the paper's story in miniature on digits (no download, no GPU needed)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo); re-running with "
-                   "the same folder skips finished steps")
+    d.add_argument("--out", type=TEXT, default="runs/demo",
+                   help="output folder (default runs/demo); re-running with the same folder skips finished "
+                        "steps")
     d.add_argument("--budget", choices=tuple(BUDGETS), default="default",
                    help="smoke: seconds, a pipeline check; default: under 10 minutes on a 2-core CPU; "
                    "full: the paper's budget (100 pre-training epochs x 1M pairs, 100 rounds x 5 local "
                    "epochs), for a GPU")
-    d.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    d.add_argument("--jobs", type=int, help="steps run at once, one thread each when more than one "
+    d.add_argument("--device", type=TEXT, default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    d.add_argument("--jobs", type=COUNT, help="steps run at once, one thread each when more than one "
                    "(default: 2 on the smoke and default budgets, 1 on full)")
     d.set_defaults(run=cmd_demo)
     return p

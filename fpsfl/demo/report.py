@@ -19,6 +19,7 @@ from analysis.cli import main as analyze
 from analysis.output import new_figure, save_figure
 from analysis.report import build_tables, final_entry, to_markdown
 from analysis.runs import AnalysisError, Run, load_runs
+from fpsfl.base.files import atomic_write
 
 NOISE = 1.0  # accuracy points: below this, one seed cannot tell two inits apart on digits' 360 test images
 TAIL = 3  # rounds: the last rounds averaged next to the final one, since one round can swing by points
@@ -204,5 +205,5 @@ def write_report(out: Path, steps, budget, budget_name: str, t0: float) -> str:
           "Test loss over λ ~ Dirichlet(1), 95% band, and its variance (Fig. 8):", "",
           "![variance](figures/variance.png)", "", "![variance histograms](figures/variance_hist.png)", "",
           "## Time", "", *timing, "", f"Total wall time of this invocation: {total:.0f} s.", ""]
-    (out / "report.md").write_text("\n".join(md))
+    atomic_write(out / "report.md", lambda tmp: tmp.write_text("\n".join(md)))
     return table

@@ -124,7 +124,7 @@ def test_export_writes_each_clients_samples_once_with_their_hashes(tmp_path):
         assert torch.equal(shard.data.train_x, data.train_x[part]) and torch.equal(shard.data.train_y,
                                                                                     data.train_y[part])
         assert len(shard.data.test_x) == 0 and len(shard.data.val_x) == 0  # a node never holds the test set
-        digest = shard_digest(shard.data.train_x.numpy(), shard.data.train_y.numpy())
+        digest = shard_digest(shard.data.train_x.numpy(), shard.data.train_y.numpy(), shard.index.numpy())
         assert shard.sha256 == manifest["shards"][client]["sha256"] == digest
         seen.extend(shard.index.tolist())
         assert torch.equal(shard.to_local(torch.as_tensor(part[::-1].copy())),

@@ -1,0 +1,142 @@
+"""The crash-point sweep (issue 31): run a command once, logging every file operation it makes through the
+I/O helpers of :mod:`fpsfl.base.files`; then, for each operation, run it again killed (SIGKILL) at that
+operation and ``--resume`` it. The resumed run must end with the uninterrupted run's artifacts bit for bit
+(metrics without their timings), claim what its files hold, and leave no temporary file behind.
+
+Runs are forks of the test process (the imports are paid once), each with its own output files; the kill is
+the hook ``FPSFL_TEST_CRASH=any:N`` (the process kills itself at its N-th file event).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fpsfl.base.files import CRASH_ENV, LOG_ENV
+
+TIMINGS = {"seconds", "pairs_per_s", "data_wait", "augment_frac", "compute_frac"}  # differ run to run
+LOCKS = re.compile(r"^(\.lock|\..+\.lock)$")
+TEMPORARY = re.compile(r"^\..+\.tmp\d+$")
+
+
+@dataclass
+class Result:
+    code: int  # exit code; -9 when killed
+    out: str
+    err: str
+
+
+def forked(main: Callable[[list[str]], int], argv: list[str], env: dict[str, str], logs: Path) -> Result:
+    """``main(argv)`` in a forked child with ``env`` added; its stdout and stderr go to files in ``logs``."""
+    logs.mkdir(parents=True, exist_ok=True)
+    out, err = logs / "stdout", logs / "stderr"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 99
+        try:
+            os.environ.update(env)
+            for fd, path in ((1, out), (2, err)):
+                target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(target, fd)
+                os.close(target)
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (closed by _exit)
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            code = main([str(a) for a in argv])
+        except BaseException:  # a traceback is a finding: printed and exit 99
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    return Result(code, out.read_text(), err.read_text())
+
+
+def artifacts(root: Path) -> dict[str, object]:
+    """{relative path: comparable content} of every file under ``root`` but locks: bytes, except
+    metrics.jsonl (rows without their timings) and config.json (its config, not when and how it ran)."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or LOCKS.match(path.name):
+            continue
+        name = str(path.relative_to(root))
+        if path.name.endswith(".jsonl"):
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+            found[name] = [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]
+        elif path.name == "config.json":
+            found[name] = json.loads(path.read_text())["config"]
+        else:
+            found[name] = path.read_bytes()
+    return found
+
+
+def temporaries(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob(".*") if TEMPORARY.match(p.name))
+
+
+def claim(text: str, root: Path) -> str:
+    """The last line a run printed, with its folder and its durations masked: what it claims it made."""
+    last = (text.strip().splitlines() or [""])[-1]
+    return re.sub(r"\d+ s of training", "N s of training", last.replace(str(root), "ROOT"))
+
+
+@dataclass
+class Sweep:
+    """One command under the sweep: ``argv(root)`` makes its outputs under ``root``; ``done(root)`` is the
+    "finished" marker a caller (the demo) trusts, checked at every crash point."""
+
+    name: str
+    main: Callable[[list[str]], int]
+    argv: Callable[[Path], list]
+    done: Callable[[Path], bool]
+    events: list[tuple[str, str]] = field(default_factory=list)
+    reference: dict = field(default_factory=dict)
+    claimed: str = ""
+
+    def record(self, tmp: Path) -> None:
+        """The uninterrupted run: its events, artifacts and claim. Every file it made must have come
+        through the I/O helpers (else the sweep would miss that write)."""
+        root, log = tmp / "reference", tmp / "reference.log"
+        ran = forked(self.main, self.argv(root), {LOG_ENV: str(log)}, tmp / "logs-reference")
+        assert ran.code == 0, ran.err
+        self.events = [tuple(json.loads(line)) for line in log.read_text().splitlines()]
+        self.reference, self.claimed = artifacts(root), claim(ran.out, root)
+        written = {str(Path(path).relative_to(root)) for _, path in self.events}
+        assert set(self.reference) <= written, f"files written outside the I/O helpers: " \
+                                               f"{sorted(set(self.reference) - written)}"
+        assert self.done(root)
+
+    def crash_at(self, tmp: Path, n: int) -> str:
+        """Kill a run at event ``n`` (1-based), check the marker, resume it, compare. Returns what the
+        resume did ("resumed" or "restarted": --resume found nothing and the command ran anew)."""
+        kind, path = self.events[n - 1]
+        root, logs = tmp / f"crash-{n:03d}", tmp / f"logs-{n:03d}"
+        where = f"{self.name}: killed at event {n}/{len(self.events)} ({kind} {path})"
+        killed = forked(self.main, self.argv(root), {CRASH_ENV: f"any:{n}"}, logs / "killed")
+        assert killed.code == -9, f"{where}: the run was not killed ({killed.code}): {killed.err}"
+        if self.done(root):  # the marker may only say finished when everything is there
+            assert artifacts(root) == self.reference, f"{where}: marked done but not finished"
+        resumed = forked(self.main, [*self.argv(root), "--resume"], {}, logs / "resumed")
+        how = "resumed"
+        if resumed.code == 2 and "nothing to resume" in resumed.err:  # true only if nothing was saved
+            assert not list(root.rglob("config.json")), f"{where}: {resumed.err}"
+            resumed, how = forked(self.main, self.argv(root), {}, logs / "again"), "restarted"
+        assert resumed.code == 0 and "Traceback" not in resumed.err, f"{where}: {resumed.err}"
+        assert claim(resumed.out, root) == self.claimed, f"{where}: claims {claim(resumed.out, root)!r}"
+        assert not temporaries(root), f"{where}: left {temporaries(root)}"
+        got = artifacts(root)
+        assert got.keys() == self.reference.keys(), f"{where}: files {sorted(got)} != " \
+                                                    f"{sorted(self.reference)}"
+        for name, content in self.reference.items():
+            assert got[name] == content, f"{where}: {name} differs from the uninterrupted run's"
+        assert self.done(root)
+        return how
