@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         from .selfsup.cli import build_parser as build_self_pretrain_parser
 
         return run_main("federate self-pretrain", build_self_pretrain_parser(), argv[1:], errors,
-                        (DivergenceError,))
+                        (DivergenceError, FlowerError))
     return run_main("federate", build_parser(), argv, errors, (DivergenceError, FlowerError))
 
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fpsfl.base.rundir import RunFlags
 from fpsfl.base.settings import check, override, setting
 
 from ..datasets import Preset
+from ..experiment import RunOptions
 from . import FED_SSL
 from .base import SSLConfig
 
@@ -58,7 +58,10 @@ class SelfPretrainConfig:
 
 
 @dataclass(frozen=True)
-class SelfPretrainOptions(RunFlags):
+class SelfPretrainOptions(RunOptions):
+    """federate's run options (the engine and its Flower settings among them), with ``out`` the checkpoint
+    and the run directory beside it."""
+
     out: Path | None = setting(None, "the backbone checkpoint (fpsfl-backbone/1) that federate --init reads",
                                parse=Path, group="run", default_text="sp-<dataset>-<algo>-s<seed>.ckpt")
     run_dir: Path | None = setting(None, "run directory: config.json, metrics.jsonl, partition.json/.png, "
