@@ -75,6 +75,7 @@ def partitioned(cfg: FederateConfig,
     if data is None:
         data = load_dataset(DataConfig(name=cfg.dataset, root=cfg.data_root, download=cfg.download,
                                        store_size=cfg.store_size, split_csv=cfg.split_csv,
+                                       test_csv=cfg.test_csv, decode=cfg.decode, verify=cfg.verify,
                                        val_fraction=cfg.val_fraction, seed=cfg.seed))
     task = TASKS[data.task](data, cfg)
     labels = task.sample_labels(data.train_y).numpy()
