@@ -6,6 +6,8 @@
   federate ... --algo scaffold | fedprox --set mu=0.1 | fedavgm --set beta=0.9 | fedvc | fedir | ...
   federate export-partitions --clients 10 --alpha 0.1 --out shards/   one .npz per client + manifest.json,
                                           for Flower SuperNodes that hold only their own data (docs/flower.md)
+  federate self-pretrain --alpha 0.1 --out sp.ckpt     federated self-supervised pre-training (Orchestra, §5)
+                                          on the clients' own images; then federate --alpha 0.1 --init sp.ckpt
 
 A run directory holds config.json, metrics.jsonl (one line a round), partition.json/.png, state.pt (for
 --resume) and final.pt. Defaults follow the paper: 10 clients, alpha 0.3, full participation, 5 local
@@ -195,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["export-partitions"]:
         return run_main("federate export-partitions", build_export_parser(), argv[1:], errors)
+    if argv[:1] == ["self-pretrain"]:  # imported here: federate's own start-up never loads it
+        from .selfsup.cli import build_parser as build_self_pretrain_parser
+
+        return run_main("federate self-pretrain", build_self_pretrain_parser(), argv[1:], errors,
+                        (DivergenceError,))
     return run_main("federate", build_parser(), argv, errors, (DivergenceError, FlowerError))
 
 

@@ -232,6 +232,16 @@ class RunOptions(RunFlags):
                                         "they came from; the server checks that its manifest is this run's "
                                         "partition and every reply's shard sha256 against it", parse=Path,
                                   metavar="DIR", group="run", default_text="none: nodes draw their partition")
+    node_names: str | None = setting(
+        None, "flwr run . on a SuperLink with --enable-supernode-auth: the names its SuperNodes were "
+              "registered with (flwr supernode register --name), client i's the i-th of a comma-separated "
+              "list or NAME-{i}; a client is then served only by the node registered under its name, and a "
+              "node that claims another's partition-id is left out", metavar="NAMES", group="run",
+        default_text="none: a node serves the partition-id it reports")
+    node_wait: float = setting(600.0, "--engine flower: seconds the first round waits for every client's "
+                                      "node to be online (later rounds go on with --min-replies)",
+                               within="(0, inf)", metavar="S", group="run")
+    log_rounds: bool = setting(False, cli=False)  # a line per round (flwr run: no bar; visible in flwr log)
 
     def __post_init__(self) -> None:
         check(self)

@@ -169,6 +169,27 @@ def pretraining_size(init: str, init_format: str = "fpsfl") -> int | None:
     return int(size) if isinstance(size, int) else None
 
 
+def check_partition(init: str, init_format: str, settings: dict, sha256: str | None = None) -> None:
+    """Refuse (one line) an ``--init`` checkpoint of federated self-pre-training (``federate self-pretrain``,
+    Chen et al. §5) that saw another partition of the clients' data than this run's: other ``settings``
+    (:func:`federated.shards.partition_settings`), or, given ``sha256``, other client sample indices
+    (:func:`federated.partitions.indices_sha256`). Checkpoints that record no partition pass."""
+    if init_format != "fpsfl" or init in ("random", "imagenet"):
+        return
+    record = load_checkpoint(init_file(init))["config"].get("partition")
+    if not isinstance(record, dict):
+        return
+    theirs = record.get("settings", {})
+    changed = sorted(k for k in settings.keys() | theirs.keys() if settings.get(k) != theirs.get(k))
+    if changed:
+        diffs = ", ".join(f"{k} {theirs.get(k)!r} (this run: {settings.get(k)!r})" for k in changed)
+        raise InitError(f"--init {init} was self-pre-trained on another partition of the clients' data: "
+                        f"{diffs}; give federate the data and partition flags (and --seed) of that run")
+    if sha256 is not None and record.get("indices_sha256") not in (None, sha256):
+        raise InitError(f"--init {init} was self-pre-trained with these partition settings but on other "
+                        f"client samples (the indices' sha256 differ: has the dataset changed?)")
+
+
 def check_init(arch: str, width: float, init: str, init_format: str = "fpsfl") -> None:
     """Everything :func:`initialise` checks (the file exists, loads, matches arch and width tensor by
     tensor), on a throw-away backbone and without touching the global RNG: run before slow data loading."""

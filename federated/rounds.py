@@ -106,10 +106,11 @@ class RoundPlan:
 
 
 # A dispatcher trains a round's clients and returns their results and mean local losses in plan.selected
-# order: train_in_process (this process) or federated.flower's (Flower messages, one per client), which
-# may leave out clients that did not reply (--min-replies): the round then aggregates over the others.
+# order, and notes for the round's metrics record: train_in_process (this process; no notes) or
+# federated.flower's (Flower messages, one per client), which may leave out clients that did not reply or
+# whose reply it refused (--min-replies; its notes say why): the round then aggregates over the others.
 Dispatch = Callable[[Setup, FederateConfig, RoundPlan, torch.device, "tqdm | None"],
-                    tuple[list[ClientResult], list[float]]]
+                    tuple[list[ClientResult], list[float], dict]]
 
 
 def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, run: RunDir,
@@ -118,7 +119,7 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
     ``tracker`` adds the analyses of :mod:`federated.oracle.tracking` (and may replace the aggregate);
     ``dispatch`` trains the clients (default: :func:`train_in_process`)."""
     plan = plan_round(s, cfg, rnd)
-    results, losses = (dispatch or train_in_process)(s, cfg, plan, device, bar)
+    results, losses, notes = (dispatch or train_in_process)(s, cfg, plan, device, bar)
     replied = {r.client for r in results}
     missing = [c for c in plan.selected if c not in replied]
     if missing:  # a Flower round with enough replies (--min-replies): the clients that replied take part
@@ -129,6 +130,7 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
     record = close_round(s, cfg, plan, results, losses, k, run, bar, tracker)
     if missing:
         record["missing_clients"] = missing
+    record.update(notes)
     return record
 
 
@@ -149,7 +151,7 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 
 def train_in_process(s: Setup, cfg: FederateConfig, plan: RoundPlan, device: torch.device,
-                     bar: tqdm | None) -> tuple[list[ClientResult], list[float]]:
+                     bar: tqdm | None) -> tuple[list[ClientResult], list[float], dict]:
     """The in-process engine: every client of the round in this process, ``--client-batch`` at a time."""
     jobs = [make_job(cfg, plan, i, s.algo.clients[client], device)
             for i, client in enumerate(plan.selected)]
@@ -157,7 +159,7 @@ def train_in_process(s: Setup, cfg: FederateConfig, plan: RoundPlan, device: tor
     states, losses = _train_jobs(s, cfg, jobs, k, bar)
     local = copy.deepcopy(s.model)
     results = [finish_job(s.algo, cfg, job, state, local) for job, state in zip(jobs, states, strict=True)]
-    return results, losses
+    return results, losses, {}
 
 
 def train_client(s: Setup, cfg: FederateConfig, job: ClientJob) -> tuple[ClientResult, float]:
@@ -206,10 +208,17 @@ def make_job(cfg: FederateConfig, plan: RoundPlan, i: int, client_state: dict,
     if own_bn is not None:
         start.update({k: v.to(device) for k, v in own_bn.items()})
     pools = plan.pools[i]
-    order_gen, aug_gen = _generators(cfg, plan.rnd, client, device)
+    aug_gen = _generators(cfg, plan.rnd, client, device)[1]
     ctx = ClientContext(client, plan.frozen, plan.lr, _momentum(cfg), client_state)
-    return ClientJob(ctx, start, epoch_batches(pools, cfg.resolved_batch(), order_gen), aug_gen,
-                     client_noise_for(cfg, client), examples=len(pools[0]) if pools else 0)
+    return ClientJob(ctx, start, planned_batches(cfg, plan, i), aug_gen, client_noise_for(cfg, client),
+                     examples=len(pools[0]) if pools else 0)
+
+
+def planned_batches(cfg: FederateConfig, plan: RoundPlan, i: int) -> list[torch.Tensor]:
+    """The sample indices of each local step of the ``i``-th client of the round, in the order drawn from
+    (seed, round, client): what its local training runs, and what a Flower server counts its steps from."""
+    order_gen = _generators(cfg, plan.rnd, plan.selected[i], torch.device("cpu"))[0]
+    return epoch_batches(plan.pools[i], cfg.resolved_batch(), order_gen)
 
 
 def finish_job(algo: FedAvg, cfg: FederateConfig, job: ClientJob, state: State,

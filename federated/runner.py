@@ -17,19 +17,20 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from fpsfl.base.checkpoint import atomic_save, plain
+from fpsfl.base.checkpoint import atomic_save, load_weights_only, plain
 from fpsfl.base.device import resolve_device
 from fpsfl.base.rundir import RunDir, RunDirError
 
 from .algorithms import ALGORITHMS
 from .datasets import DATASETS, ImageData
 from .experiment import FederateConfig, RunOptions
-from .initialisation import check_init, init_sha256, pretraining_size
+from .initialisation import check_init, check_partition, init_sha256, pretraining_size
 from .local import DivergenceError, make_optimizer
 from .oracle.tracking import Tracker
 from .partitions.report import check_partition_report
 from .rounds import Dispatch, centralized_round, check_client_batch, client_batch, train_round
 from .setup import Setup, setup, write_partition
+from .shards import partition_settings
 
 FINAL_FORMAT = "fpsfl-federated/1"
 DIVERGE_FACTOR = 100.0  # see check_divergence
@@ -57,8 +58,11 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
         resume = opts.resume and rundir.has_state()  # else a --resume starts a run killed before its state
         if opts.resume:
             cfg = _as_started(cfg, rundir)
-        if not resume:
+        if resume:
+            _check_engine(rundir, opts.engine, cfg.algo)
+        else:
             check_init(cfg.arch, cfg.width, cfg.init, cfg.init_format)  # a bad --init fails before the data
+            check_partition(cfg.init, cfg.init_format, partition_settings(cfg))
             cfg, size_note = _input_size(cfg)
             if size_note and opts.progress:
                 tqdm.write(size_note)
@@ -92,7 +96,7 @@ def _as_started(cfg: FederateConfig, rundir: RunDir) -> FederateConfig:
 def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, device: torch.device,
             dispatch: Dispatch | None = None) -> list[dict]:
     config = {"federate": cfg.to_dict(), "algo": plain(vars(s.algo.cfg)),
-              "init_sha256": init_sha256(cfg.init)}
+              "init_sha256": init_sha256(cfg.init), "engine": opts.engine}
     optimizer = make_optimizer(s.model, cfg.resolved_optimizer(), cfg.resolved_lr(), cfg.momentum,
                                cfg.weight_decay)
     if rundir.has_state():  # (a --resume: a new run refuses a directory with a state)
@@ -141,6 +145,8 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
             raise DivergenceError(f"round {rnd + 1}: {exc}; {kept} (try a lower --lr)") from None
         record["seconds"] = time.perf_counter() - t0
         rundir.append_metrics(record)
+        if opts.log_rounds:  # no bar (flwr run): a line per round, which flwr log shows
+            tqdm.write(round_line(record, cfg.rounds), file=sys.stderr)
         state = {"done": rnd + 1, "model": s.model.state_dict(), "algo": s.algo.state_dict(), "norm0": norm0}
         if cfg.centralized:
             state["optimizer"] = optimizer.state_dict()
@@ -183,6 +189,30 @@ def _check_settings(rundir: RunDir, config: dict, cfg: FederateConfig) -> None:
     if recorded and now and recorded != now:
         raise RunDirError(f"--resume: --init {cfg.init} is not the file this run started from (its sha256 "
                           f"differs from the one in {rundir.config_path})")
+
+
+def _check_engine(rundir: RunDir, engine: str, algo: str) -> None:
+    """Refuse (one line) to resume with another engine a run whose clients hold state: the in-process
+    engine keeps it in state.pt, Flower's in the nodes' Contexts, and neither can take over the other's (the
+    clients would restart from zero without a word). Without client state the engines give the same run."""
+    before = rundir.saved_config().get("engine", "inprocess")  # runs from before the engine was recorded
+    if before == engine:
+        return
+    state = load_weights_only(rundir.state_path, "run state (state.pt)", RunDirError)
+    if any(state.get("algo", {}).get("clients", [])):
+        where = "their nodes' Flower Contexts" if before == "flower" else rundir.state_path.name
+        raise RunDirError(f"--resume: this run started with --engine {before}, and its clients' {algo} state "
+                          f"lives in {where}, which --engine {engine} cannot take over; resume with "
+                          f"--engine {before}")
+
+
+def round_line(record: dict, rounds: int) -> str:
+    """One round's metrics as one line (a run without a progress bar prints one per round)."""
+    missing = record.get("missing_clients")
+    gone = f" (missing {', '.join(map(str, missing))})" if missing else ""
+    return (f"federate: round {record['round']}/{rounds}: test_acc {record['test_acc']:.4f}, train_loss "
+            f"{record['train_loss']:.4f}, {len(record.get('clients', []))} clients{gone}, "
+            f"{record['seconds']:.1f} s")
 
 
 def param_norm(model: nn.Module) -> float:

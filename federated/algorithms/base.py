@@ -13,10 +13,12 @@ trainable parameters to :meth:`FedAvg.server_update`, which algorithms override.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from fpsfl.base.settings import check
@@ -63,6 +65,8 @@ class FedAvg:
     requires: ClassVar[frozenset[str]] = frozenset()  # task capabilities it needs (see federated.tasks.Task)
     # the server state keys a client's hooks read (SCAFFOLD's c): all that a Flower message carries of it
     client_reads: ClassVar[tuple[str, ...]] = ()
+    # whether server_update divides by a client's step count (FedNova): a reply with none is refused
+    divides_by_steps: ClassVar[bool] = False
 
     def __init__(self, cfg: AlgoConfig, client_sizes: list[int], class_counts: np.ndarray):
         self.cfg = cfg
@@ -142,10 +146,43 @@ class FedAvg:
         sample-weighted average."""
         return weighted_average(params, [r.n_samples for r in results])
 
+    def check_result(self, result: ClientResult, global_state: State) -> str:
+        """Why :meth:`aggregate` must not take ``result``, a client's reply from another process (a Flower
+        node), or "" when it may: its model must have the global model's keys, shapes and dtypes and finite
+        values, its step count must be positive where :meth:`server_update` divides by it, and every number
+        of its payload must be finite. Algorithms with a payload check its form too. One line."""
+        state = result.state
+        if state.keys() != global_state.keys():
+            odd = sorted(state.keys() ^ global_state.keys())
+            return f"its model's keys differ from the global model's ({', '.join(odd[:3])})"
+        for key, ref in global_state.items():
+            value = state[key]
+            if not isinstance(value, Tensor):
+                return f"its {key} is a {type(value).__name__}, not a tensor"
+            if value.shape != ref.shape or value.dtype != ref.dtype:
+                return f"its {key} is {tuple(value.shape)} {value.dtype}, not {tuple(ref.shape)} {ref.dtype}"
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                return f"its {key} is not finite"
+        if self.divides_by_steps and result.steps <= 0:
+            return f"it took {result.steps} steps, and {self.name} divides by the step count"
+        bad = _non_finite(result.extra, "")
+        return f"its {bad.lstrip('/')} is not finite" if bad else ""
+
     # ---- persistence ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"server": self.server, "clients": self.clients}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server, self.clients = state["server"], state["clients"]
+
+
+def _non_finite(tree: Any, path: str) -> str:
+    """The path of the first tensor or number in ``tree`` (nested dicts) that is not finite, or ""."""
+    if isinstance(tree, dict):
+        return next((bad for k, v in tree.items() if (bad := _non_finite(v, f"{path}/{k}"))), "")
+    if isinstance(tree, Tensor):
+        return path if tree.is_floating_point() and not bool(torch.isfinite(tree).all()) else ""
+    if isinstance(tree, float):
+        return "" if math.isfinite(tree) else path
+    return ""
 

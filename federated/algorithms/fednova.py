@@ -15,9 +15,17 @@ from .base import ClientContext, ClientResult, FedAvg
 @ALGORITHMS.register
 class FedNova(FedAvg):
     name = "fednova"
+    divides_by_steps = True  # a_i, the momentum-aware step count
 
     def finish_client(self, ctx: ClientContext, model) -> dict:
         return {"momentum": ctx.momentum}
+
+    def check_result(self, result: ClientResult, global_state: State) -> str:
+        """The local momentum a_i is computed with must be a number in [0, 1)."""
+        momentum = result.extra.get("momentum")
+        if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+            return f"its local momentum {momentum!r} is not in [0, 1)"
+        return super().check_result(result, global_state)
 
     def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
         return fednova(global_params, params, [r.n_samples for r in results], [r.steps for r in results],

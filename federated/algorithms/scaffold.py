@@ -89,6 +89,18 @@ class Scaffold(FedAvg):
             ci[name] = new
         return {"delta_c": delta}
 
+    def check_result(self, result: ClientResult, global_state: State) -> str:
+        """A delta c_i for every parameter, shaped as it, after any local step (none without one)."""
+        reason = super().check_result(result, global_state)
+        delta = result.extra.get("delta_c")
+        if reason or (delta == {} and result.steps == 0):
+            return reason
+        if not isinstance(delta, dict) or delta.keys() != self.param_names:
+            return "its delta_c does not hold one entry per parameter"
+        wrong = next((k for k, v in delta.items() if not isinstance(v, torch.Tensor)
+                      or v.shape != global_state[k].shape), None)
+        return f"its delta_c[{wrong}] is not shaped as the parameter" if wrong else ""
+
     def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
         new = super().server_update(global_params, params, results)
         deltas = [r.extra["delta_c"] for r in results if r.extra["delta_c"]]

@@ -58,7 +58,9 @@ def read_tinyimagenet(root: str, size: int, workers: int | None = None, decode: 
 @register_dataset(
     "tinyimagenet", store_size=64, input_size=64, needs_root=True,  # Tables 1 and 8: 64^2
     description="Tiny-ImageNet: ROOT/tiny-imagenet-200/ (or that folder itself); val = test",
-    preset=Preset(0.01, 32, "sgd"), streams=True,
+    # self-pre-training with Orchestra: 256 local / 32 global clusters on Tiny-ImageNet (App. B.3)
+    preset=Preset(0.01, 32, "sgd", {"orchestra": {"local_clusters": 256, "global_clusters": 32}}),
+    streams=True,
 )
 def tinyimagenet(cfg: DataConfig, stored: int) -> Loaded:
     """Tiny-ImageNet from ``cfg.root`` (the folder itself or its parent)."""

@@ -24,7 +24,7 @@ from flwr.simulation import run_simulation
 from ..experiment import FederateConfig, RunOptions, flower_resources
 from ..rounds import Dispatch
 from .client_app import app as client_app
-from .server_app import FlowerDispatch
+from .server_app import dispatch_for
 
 
 def simulate(cfg: FederateConfig, opts: RunOptions,
@@ -37,8 +37,7 @@ def simulate(cfg: FederateConfig, opts: RunOptions,
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        rows.extend(rounds(FlowerDispatch(grid, opts.device, timeout_s=opts.flower_timeout,
-                                          min_replies=opts.min_replies)))
+        rows.extend(rounds(dispatch_for(grid, opts)))
 
     backend = {"client_resources": flower_resources(opts.flower_resources),
                "init_args": {"include_dashboard": False}}

@@ -58,6 +58,18 @@ def has_tree(records: RecordDict, name: str) -> bool:
     return name in records and f"{name}.arrays" in records
 
 
+def drop_tree(records: RecordDict, name: str) -> None:
+    """Remove the tree stored under ``name`` (if any)."""
+    for key in (name, f"{name}.arrays"):
+        if key in records:
+            del records[key]
+
+
+def tree_names(records: RecordDict, prefix: str) -> list[str]:
+    """The names of the trees stored in ``records`` whose name starts with ``prefix``."""
+    return sorted(k for k in records if k.startswith(prefix) and has_tree(records, k))
+
+
 def _array(tensor: torch.Tensor) -> Array:
     return Array.from_torch_tensor(tensor.detach())
 

@@ -22,7 +22,7 @@ from ..partitions import setting_fields
 
 ALIASES = {"num-server-rounds": "rounds"}  # Flower's name for the round count
 # RunOptions' (not the result's)
-RUN_KEYS = ("out", "device", "resume", "flower-timeout", "min-replies", "shards")
+RUN_KEYS = ("out", "device", "resume", "flower-timeout", "min-replies", "shards", "node-names", "node-wait")
 NOT_HERE = {"tracking", "algo_args", "partition_args"}  # nested: set, or the CLI's own flags
 
 
@@ -56,7 +56,7 @@ def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig,
     cfg = FederateConfig(**values, algo_args=algo_args)
     if run.get("out") is None:
         run["out"] = Path(f"runs/{cfg.dataset}-{cfg.partition}-{cfg.algo}-s{cfg.seed}-flower")
-    opts = RunOptions(**run, engine="flower", progress=False)
+    opts = RunOptions(**run, engine="flower", progress=False, log_rounds=True)
     return cfg, opts
 
 

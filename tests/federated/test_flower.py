@@ -233,7 +233,7 @@ def _train_message(content, round_=1):
     return Message(content=content, metadata=meta)
 
 
-def _server_message(s, cfg, rnd, expect_state):
+def _server_message(s, cfg, rnd, confirmed):
     """What FlowerDispatch sends client 0 in round ``rnd`` (all clients, no FedVC: no pools)."""
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
@@ -241,12 +241,19 @@ def _server_message(s, cfg, rnd, expect_state):
 
     content = RecordDict({"arrays": ArrayRecord({k: v.detach() for k, v in s.model.state_dict().items()}),
                           "config": ConfigRecord({"server-round": rnd + 1, "lr": 0.05, "client": 0,
-                                                  "expect-state": expect_state, "device": "cpu",
+                                                  "confirmed": confirmed, "device": "cpu",
                                                   "fpsfl-config": json.dumps(cfg.to_dict())})})
     reads = {k: s.algo.server[k] for k in type(s.algo).client_reads if k in s.algo.server}
     if reads:
         put_tree(content, "fpsfl.server", reads)
     return _train_message(content, rnd + 1)
+
+
+def _context(run_id=1):
+    from flwr.app import Context, RecordDict
+
+    return Context(run_id=run_id, node_id=7, node_config={"partition-id": 0}, state=RecordDict(),
+                   run_config={})
 
 
 @pytest.mark.parametrize("algo,extra,kept", [("fedavg", {}, set()), ("scaffold", {}, {"c"}),
@@ -255,31 +262,57 @@ def _server_message(s, cfg, rnd, expect_state):
 def test_the_client_state_stays_in_the_context(algo, extra, kept):
     """The reply holds the local model, its metrics and the client step's payload only: the client's
     state (SCAFFOLD's c_i, MOON's previous model, FedDyn's gradient, --bn local statistics) stays in the
-    node's Context; a later round with an empty Context says the state is lost."""
+    node's Context, staged under its round; a later round that confirms that round, on a node whose Context
+    is empty, is refused as lost (a Flower Error)."""
     _flower()
-    from flwr.app import Context, RecordDict
-
-    from federated.flower.client_app import STATE, train
+    from federated import flower
+    from federated.flower.client_app import train
+    from federated.flower.node import COMMITTED, STAGED
+    from federated.flower.records import get_tree, tree_names
     from federated.setup import setup
 
     cfg = FederateConfig(algo=algo, **{**TINY, **extra})
     s = setup(cfg, torch.device("cpu"))
-    context = Context(run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
-    reply = train(_server_message(s, cfg, 0, False), context)
+    context = _context()
+    reply = train(_server_message(s, cfg, 0, 0), context)
     payload = {"scaffold": {"fpsfl.extra", "fpsfl.extra.arrays"}}.get(algo, set())
     assert set(reply.content) == {"arrays", "metrics"} | payload
     metrics = reply.content["metrics"]
     assert metrics["num-examples"] == len(s.parts[0]) and metrics["keeps-state"] == int(bool(kept))
     assert set(reply.content["arrays"]) == set(s.model.state_dict())
+    assert COMMITTED not in context.state  # nothing is committed before the server confirms it
     if kept:
-        from federated.flower.records import get_tree
-
-        assert set(get_tree(context.state, STATE)) >= kept
-        lost = train(_server_message(s, cfg, 1, True), Context(run_id=2, node_id=7, node_config={
-            "partition-id": 0}, state=RecordDict(), run_config={}))
-        assert lost.content["fpsfl.failed"]["kind"] == "lost"
+        assert tree_names(context.state, STAGED) == [f"{STAGED}1"]
+        assert set(get_tree(context.state, f"{STAGED}1")["state"]) >= kept
+        lost = train(_server_message(s, cfg, 1, 1), _context(run_id=2))
+        assert lost.has_error() and lost.error.code == flower.ERROR_CODES["lost"]
     else:
-        assert STATE not in context.state
+        assert not tree_names(context.state, "fpsfl.")
+
+
+def test_a_node_commits_only_the_rounds_the_server_confirms():
+    """Round 1's state is committed when round 2's message confirms round 1; round 2's reply is never
+    confirmed (round 3 says 1 again), so its state is discarded and round 3 starts from round 1's: the
+    staged state of round 3 equals that of a node that never trained round 2."""
+    _flower()
+    from federated.flower.client_app import train
+    from federated.flower.node import COMMITTED, STAGED
+    from federated.flower.records import get_tree, tree_names
+    from federated.setup import setup
+
+    cfg = FederateConfig(algo="scaffold", **TINY)
+    s = setup(cfg, torch.device("cpu"))
+    late, skipped = _context(), _context()
+    for context in (late, skipped):
+        train(_server_message(s, cfg, 0, 0), context)
+    train(_server_message(s, cfg, 1, 1), late)  # trained, but the server never aggregates it
+    assert get_tree(late.state, COMMITTED)["round"] == 1 and tree_names(late.state, STAGED) == [f"{STAGED}2"]
+    for context in (late, skipped):
+        train(_server_message(s, cfg, 2, 1), context)
+        assert get_tree(context.state, COMMITTED)["round"] == 1
+        assert tree_names(context.state, STAGED) == [f"{STAGED}3"]
+    a, b = (get_tree(c.state, f"{STAGED}3")["state"]["c"] for c in (late, skipped))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ---- the Flower app's typed run config (pyproject.toml [tool.flwr.app.config]) ----------------------

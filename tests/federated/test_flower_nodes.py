@@ -9,94 +9,21 @@ these tests run in seconds; the same over real SuperNode processes is test_flowe
 
 from __future__ import annotations
 
-import json
-import time
-
 import numpy as np
 import pytest
 import torch
 
-from federated import runner
 from federated.cli import main
-from federated.experiment import FederateConfig, RunOptions, needed_replies
+from federated.experiment import FederateConfig, needed_replies
 
-TINY = dict(dataset="digits", clients=3, rounds=2, local_epochs=1, batch_size=32, width=0.25, alpha=1.0,
-            seed=0, eval_local=False)
+from .flower_grid import TINY, LocalGrid, flower_identity
+from .flower_grid import rows as _rows
+from .flower_grid import serve as _serve
 
 
 @pytest.fixture(autouse=True)
 def _flower(monkeypatch):
-    """Flower, and the identity a ServerApp process has (flwr sets it; a Message needs it)."""
-    pytest.importorskip("flwr", reason="Flower is not installed (pip install -e '.[flower]')")
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
-        monkeypatch.setattr(TaskIdentity, name, value)
-
-
-class LocalGrid:
-    """A Grid whose nodes run our ClientApp in this process. ``down`` nodes are offline (not listed, no
-    reply), ``mute`` nodes are listed and say which client they serve but never answer a train message (a
-    hung ClientApp); ``replies`` keeps every train reply."""
-
-    def __init__(self, clients: int, node_config: dict | None = None):
-        self.contexts = {}
-        self.down: set[int] = set()
-        self.mute: set[int] = set()
-        self.outbox: dict = {}
-        self.replies: list = []
-        self.pushed = 0
-        for client in range(clients):
-            self.add_node(100 + client, client, node_config)
-
-    def add_node(self, node: int, client: int, node_config: dict | None = None) -> None:
-        from flwr.app import Context, RecordDict
-
-        self.contexts[node] = Context(run_id=1, node_id=node, node_config={"partition-id": client,
-                                                                          **(node_config or {})},
-                                      state=RecordDict(), run_config={})
-
-    def get_node_ids(self):
-        return [n for n in self.contexts if n not in self.down]
-
-    def push_messages(self, messages):
-        from flwr.app import Message, Metadata
-
-        from federated.flower.client_app import query, train
-
-        ids = []
-        for message in messages:
-            self.pushed += 1
-            node, kind = message.metadata.dst_node_id, message.metadata.message_type
-            meta = Metadata(run_id=1, message_id=f"m{self.pushed}", src_node_id=0, dst_node_id=node,
-                            reply_to_message_id="", group_id="", created_at=time.time(), ttl=60.0,
-                            message_type=kind)
-            if node not in self.down and not (node in self.mute and kind == "train"):
-                reply = (train if kind == "train" else query)(Message(message.content, metadata=meta),
-                                                               self.contexts[node])
-                self.outbox[meta.message_id] = reply
-                if kind == "train":
-                    self.replies.append(reply)
-            ids.append(meta.message_id)
-        return ids
-
-    def pull_messages(self, ids):
-        return [self.outbox.pop(i) for i in ids if i in self.outbox]
-
-
-def _serve(grid, path, resume=False, stop_after=None, min_replies="1.0", timeout_s=0.5, shards=None, **extra):
-    from federated.flower.server_app import FlowerDispatch
-
-    cfg = FederateConfig(**{**TINY, **extra})
-    opts = RunOptions(out=path, device="cpu", progress=False, engine="flower", resume=resume,
-                      stop_after=stop_after, min_replies=min_replies)
-    dispatch = FlowerDispatch(grid, "cpu", wait_s=0.5, timeout_s=timeout_s, min_replies=min_replies,
-                              shards=shards)
-    return runner.run(cfg, opts, host=lambda _cfg, rounds: rounds(dispatch))
-
-
-def _rows(path):
-    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    flower_identity(monkeypatch)
 
 
 # ---- --min-replies ----------------------------------------------------------------------------------
@@ -237,7 +164,8 @@ def test_the_server_refuses_a_node_without_the_manifests_shard(tmp_path):
     out = _export(tmp_path / "shards")
     grid = LocalGrid(3, {"data-dir": str(out)})
     grid.add_node(102, 2)  # client 2's node holds the whole dataset, not its shard
-    with pytest.raises(FlowerError, match="client 2: its node trained on a shard with sha256 none"):
+    with pytest.raises(FlowerError, match=r"client 2: its reply was refused: its node trained on no shard "
+                                          r"\(its SuperNode has no data-dir\), not the manifest's"):
         _serve(grid, tmp_path / "run", shards=out)
 
 
