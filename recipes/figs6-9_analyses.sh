@@ -22,7 +22,11 @@ TRACK_EVERY=${TRACK_EVERY:-10}
 [ "$SCALE" = smoke ] && TRACK_EVERY=1
 fps20=$(fps_ckpt resnet20 32) fps18=$(fps_ckpt resnet18 "$BIG") real20=$(imagenet32_ckpt)
 track=(--track convex,variance --track-every "$TRACK_EVERY")
-[ "$SCALE" = smoke ] && track+=(--variance-samples 8 --convex-epochs 1)
+landscape=()                             # 21 x 21 points on 2,000 training images (analyze landscape's)
+if [ "$SCALE" = smoke ]; then
+    track+=(--variance-samples 8 --convex-epochs 1)
+    landscape=(--grid 5 --eval-samples 64)
+fi
 for dataset in cifar10 tinyimagenet; do
     if [ "$dataset" = cifar10 ]; then
         data=("${C10[@]}") inits=(random "$real20" "$fps20")
@@ -41,7 +45,7 @@ for dataset in cifar10 tinyimagenet; do
             for a in 0.1 1.0; do fl "$OUT/f9-$dataset-$kind-a$a" "${data[@]}" --alpha "$a" --init "$init"; done
             fl "$OUT/f9-$dataset-$kind-iid" "${data[@]}" --partition iid --init "$init"
             analyze landscape "$OUT/f9-$dataset-$kind-a0.1" "$run" "$OUT/f9-$dataset-$kind-a1.0" \
-                "$OUT/f9-$dataset-$kind-iid" --device "$DEVICE" --out "$OUT/fig9-$dataset-$kind"
+                "$OUT/f9-$dataset-$kind-iid" "${landscape[@]}" --device "$DEVICE" --out "$OUT/fig9-$dataset-$kind"
         fi
     done
     analyze dynamics "${runs[@]}" --out "$OUT/fig6-$dataset"
