@@ -7,6 +7,7 @@
   analyze report RUN [RUN...]            Federated / Centralised / ΔCL-FL tables (Tables 2-5)
   analyze probe CKPT [CKPT...]           kNN and linear probe of checkpoints, beside a random init
   analyze budget CKPT... --runs RUN...   probe and FedAvg accuracy against FPS pairs seen
+  analyze tensorboard RUN... --out DIR   runs' metrics lines as TensorBoard events
 
 Analyses only read run directories (made by federate). convex and variance are ORACLE analyses on the test
 set, as in the paper. Combined models average BatchNorm statistics with the same weights as the
@@ -22,10 +23,11 @@ import sys
 
 from fpsfl.base.cli import Parser, run_main
 
-from . import budget, dynamics, landscape, probe, report, tracked
+from . import budget, dynamics, landscape, probe, report, tensorboard, tracked
 from .runs import AnalysisError
 
-COMMANDS = (dynamics, tracked, landscape, report, probe, budget)  # each registers its subcommands
+# each registers its subcommands
+COMMANDS = (dynamics, tracked, landscape, report, probe, budget, tensorboard)
 
 
 def build_parser() -> argparse.ArgumentParser:

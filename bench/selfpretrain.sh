@@ -7,21 +7,29 @@
 #   3. FedAvg from sp.ckpt for FT_ROUNDS rounds;
 #   4. the control: FedAvg from the same init for SP_ROUNDS + FT_ROUNDS rounds without SP.
 # Then bench/selfpretrain_table.py prints the table (mean ± std over the seeds). Each step is skipped when
-# its output exists, so the script continues where it stopped; a killed run continues with --resume.
-# Usage: bash bench/selfpretrain.sh OUT [SEEDS]   (DATA=folder, SP_ROUNDS=5, FT_ROUNDS=10, DEVICE=cpu)
+# its output exists (a FedAvg run: when it has the round needed, so a longer run serves a shorter
+# comparison: rounds do not depend on the total while the lr has not decayed, 30 rounds), so the script
+# continues where it stopped; a killed run continues with --resume. Random init first, all seeds, then FPS.
+# Usage: bash bench/selfpretrain.sh OUT [SEEDS]   (DATA=folder, SP_ROUNDS=5, FT_ROUNDS=5, DEVICE=cpu)
 set -euo pipefail
 out=${1:?usage: bash bench/selfpretrain.sh OUT [SEEDS]}
 seeds=${2:-0 1 2}
 data=${DATA:-../shared/data/cifar10-probe}
 sp_rounds=${SP_ROUNDS:-5}
-ft_rounds=${FT_ROUNDS:-10}
+ft_rounds=${FT_ROUNDS:-5}
 device=${DEVICE:-cpu}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 mkdir -p "$out"
 common=(--dataset imagefolder --data-root "$data" --alpha 0.1 --clients 10 --device "$device" --quiet)
-step() {  # step DONE_FILE RUN_DIR COMMAND...: run (or --resume) COMMAND unless DONE_FILE exists
+has_round() {  # has_round RUN_DIR N: its metrics.jsonl records round N
+    [ -f "$1/metrics.jsonl" ] && grep -q "^{\"round\": $2," "$1/metrics.jsonl"
+}
+step() {  # step DONE RUN_DIR COMMAND...: run (or --resume) COMMAND unless DONE (a file, or RUN_DIR:ROUND)
     local done=$1 dir=$2; shift 2
-    [ -e "$done" ] && return 0
+    case $done in
+        *:*) has_round "${done%:*}" "${done##*:}" && return 0 ;;
+        *) [ -e "$done" ] && return 0 ;;
+    esac
     local resume=(); [ -e "$dir/state.pt" ] && resume=(--resume)
     echo "$(date +%T) $*" >&2
     "$@" "${resume[@]}"
@@ -29,16 +37,16 @@ step() {  # step DONE_FILE RUN_DIR COMMAND...: run (or --resume) COMMAND unless 
 fps=$(dirname "$0")/../weights/fps-resnet20-cpu-524k.ckpt
 step "$out/probe-fps/probe.json" /nonexistent analyze probe "$fps" --dataset imagefolder --data-root "$data" \
     --input-size 32 --device "$device" --out "$out/probe-fps"
-for seed in $seeds; do
-    for init in random fps-resnet20-cpu-524k; do
+for init in random fps-resnet20-cpu-524k; do
+    for seed in $seeds; do
         name=$init-s$seed
         step "$out/sp-$name.ckpt" "$out/sp-$name.run" federate self-pretrain "${common[@]}" --seed "$seed" \
             --init "$init" --rounds "$sp_rounds" --out "$out/sp-$name.ckpt"
         step "$out/probe-$name/probe.json" /nonexistent analyze probe "$out/sp-$name.ckpt" --dataset imagefolder \
             --data-root "$data" --input-size 32 --seed "$seed" --device "$device" --out "$out/probe-$name"
-        step "$out/ft-sp-$name/final.pt" "$out/ft-sp-$name" federate "${common[@]}" --seed "$seed" \
+        step "$out/ft-sp-$name:$ft_rounds" "$out/ft-sp-$name" federate "${common[@]}" --seed "$seed" \
             --init "$out/sp-$name.ckpt" --rounds "$ft_rounds" --no-eval-local --out "$out/ft-sp-$name"
-        step "$out/ft-$name/final.pt" "$out/ft-$name" federate "${common[@]}" --seed "$seed" --init "$init" \
+        step "$out/ft-$name:$((sp_rounds + ft_rounds))" "$out/ft-$name" federate "${common[@]}" --seed "$seed" --init "$init" \
             --rounds $((sp_rounds + ft_rounds)) --no-eval-local --out "$out/ft-$name"
     done
 done

@@ -21,6 +21,7 @@ import dataclasses
 import sys
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -36,6 +37,7 @@ from fpsfl.base.cli import (
     run_main,
     settings_from,
 )
+from fpsfl.base.configfile import read_sections, typed
 from fpsfl.base.rundir import RunDirError
 from pretrain.backbones import BackboneError, check_backbone
 
@@ -75,13 +77,41 @@ def add_partition_flags(parser: argparse.ArgumentParser, groups: dict | None = N
         seen |= {f.name for f in dataclasses.fields(settings)}
 
 
+class FileSettings(NamedTuple):
+    """The typed values of a --config file: [federate] (tracking apart), [algo] and [run]."""
+
+    federate: dict
+    algo: dict
+    tracking: dict
+    run: dict
+
+
+def file_settings(args: argparse.Namespace) -> FileSettings:
+    """The --config file's values (none without one). A run's config.json gives its federate table, whose
+    algo_args are the run's --set; its algo table is the resolved record and is not read."""
+    path = getattr(args, "config", None)
+    if path is None:
+        return FileSettings({}, {}, {}, {})
+    tables = read_sections(path, ("federate", "algo", "run"), recorded=("algo", "init_sha256"))
+    where = f"--config {path}"
+    fed = typed([FederateConfig, *partition_settings_classes()], tables.get("federate", {}),
+                f"{where}: [federate]", skip=("tracking", "algo_args"))
+    fed.pop("partition_args", None)  # the partition settings are flat beside it
+    tracking = typed(TrackConfig, fed.pop("tracking", {}), f"{where}: [federate.tracking]")
+    algo = {**fed.pop("algo_args", {}), **tables.get("algo", {})}
+    return FileSettings(fed, algo, tracking, typed(RunOptions, tables.get("run", {}), f"{where}: [run]"))
+
+
 def config_from(args: argparse.Namespace) -> FederateConfig:
-    """The FederateConfig of parsed flags: every field and partition setting that was given."""
-    values = settings_from(args, FederateConfig)
+    """The FederateConfig of parsed flags over the --config file's values: every field and partition
+    setting that was given. The file's algorithm settings are dropped when a flag picks another --algo."""
+    file = file_settings(args)
+    values = {**file.federate, **settings_from(args, FederateConfig)}
     for settings in partition_settings_classes():
         values.update(settings_from(args, settings))
-    tracking = TrackConfig(**settings_from(args, TrackConfig))
-    return FederateConfig(**values, algo_args=parse_settings(args.set), tracking=tracking)
+    algo = file.algo if values.get("algo") == file.federate.get("algo", values.get("algo")) else {}
+    tracking = TrackConfig(**{**file.tracking, **settings_from(args, TrackConfig)})
+    return FederateConfig(**values, algo_args={**algo, **parse_settings(args.set)}, tracking=tracking)
 
 
 def options_from(args: argparse.Namespace) -> tuple[FederateConfig, RunOptions]:
@@ -89,7 +119,7 @@ def options_from(args: argparse.Namespace) -> tuple[FederateConfig, RunOptions]:
     cfg = config_from(args)
     spec = DATASETS[cfg.dataset]
     check_backbone(cfg.arch, cfg.width, cfg.input_size or cfg.crop_size or spec.input_size)
-    opts = RunOptions(**settings_from(args, RunOptions))
+    opts = RunOptions(**{**file_settings(args).run, **settings_from(args, RunOptions)})
     out = opts.out or Path(f"runs/{cfg.dataset}-{cfg.partition}-{cfg.algo}-s{cfg.seed}")
     return cfg, dataclasses.replace(opts, out=out)
 
@@ -151,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="federate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     groups = {name: p.add_argument_group(name, note and textwrap.fill(note, 100))
               for name, note in GROUPS.items()}
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="settings from a TOML file ([federate], [algo], [run] tables, keys named as the "
+                        "flags with underscores) or a run's config.json, which replays that run; flags given "
+                        "beside it win (docs/federated.md: config files)")
     add_settings(p, FederateConfig, groups=groups)
     add_partition_flags(p, groups)
     add_set_flag(groups["federated training"], "an algorithm setting, e.g. --set mu=0.1 (repeatable; see "
@@ -170,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         from .selfsup.cli import build_parser as build_self_pretrain_parser
 
         return run_main("federate self-pretrain", build_self_pretrain_parser(), argv[1:], errors,
-                        (DivergenceError,))
+                        (DivergenceError, FlowerError))
     return run_main("federate", build_parser(), argv, errors, (DivergenceError, FlowerError))
 
 

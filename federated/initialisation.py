@@ -174,7 +174,7 @@ def check_partition(init: str, init_format: str, settings: dict, sha256: str | N
     Chen et al. §5) that saw another partition of the clients' data than this run's: other ``settings``
     (:func:`federated.shards.partition_settings`), or, given ``sha256``, other client sample indices
     (:func:`federated.partitions.indices_sha256`). Checkpoints that record no partition pass."""
-    if init_format != "fpsfl" or init in ("random", "imagenet"):
+    if init_format != "fpsfl" or init in ("random", "imagenet") or places365_file(init):
         return
     record = load_checkpoint(init_file(init))["config"].get("partition")
     if not isinstance(record, dict):

@@ -53,7 +53,7 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
     device = resolve_device(opts.device)
     if opts.engine == "inprocess":
         check_client_batch(cfg, device)  # before anything is written
-    rundir = RunDir(opts.out)
+    rundir = RunDir(opts.out, opts.tensorboard)
     with rundir.session(opts.resume):  # before the (slow) data loading, and before anything is written
         resume = opts.resume and rundir.has_state()  # else a --resume starts a run killed before its state
         if opts.resume:

@@ -35,6 +35,7 @@ from fpsfl.base.cli import (
     settings_from,
     writable_file,
 )
+from fpsfl.base.configfile import ConfigFileError, read_sections, typed
 from fpsfl.base.device import device_name
 from fpsfl.base.rundir import RunDirError
 from fractals.ifs import BankError
@@ -48,6 +49,7 @@ from .sources import SOURCES
 from .train import TrainingError, train
 
 ALIASES = {"fractal-simsiam": "fractal-single"}  # the CLI name of the "fractal + SimSiam" baseline
+COMMANDS = {source: name for name, source in ALIASES.items()}  # a source's subcommand
 _FRACTAL = ("fps", "fractal-single", "multilabel")
 
 
@@ -58,20 +60,54 @@ def _method_args(pairs: list[str], lr: float | None) -> dict[str, str]:
     return args
 
 
+# a run's config.json records these beside its [pretrain] table, resolved from it: read, never set
+RECORDED = ("method", "base_lr", "steps_per_epoch", "n_classes")
+
+
+def file_settings(path: Path | None) -> tuple[dict, dict, dict]:
+    """A --config file's [pretrain] values, its method settings ([method], or a run's method_args, which
+    were its --set and --lr) and its [run] options; nothing without a file."""
+    if path is None:
+        return {}, {}, {}
+    tables = read_sections(path, ("pretrain", "method", "run"), recorded=RECORDED)
+    where = f"--config {path}"
+    values = typed(PretrainConfig, tables.get("pretrain", {}), f"{where}: [pretrain]", skip=("method_args",))
+    method = {**values.pop("method_args", {}), **tables.get("method", {})}
+    return values, method, typed(RunOptions, tables.get("run", {}), f"{where}: [run]")
+
+
+def with_source_command(argv: list[str]) -> list[str]:
+    """``pretrain --config FILE ...``: the subcommand of the file's source put first (default fps)."""
+    if not argv or not argv[0].startswith("--config"):
+        return argv
+    path = argv[0].partition("=")[2] or (argv[1] if len(argv) > 1 else "")
+    if not path:
+        raise UsageError("--config expects a FILE")
+    source = file_settings(Path(path))[0].get("source", "fps")
+    if source not in SOURCES:
+        raise UsageError(f"--config {path}: unknown source {source!r}; choose from {', '.join(SOURCES)}")
+    return [COMMANDS.get(source, source), *argv]
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     source = ALIASES.get(args.command, args.command)
     spec = SOURCES[source]
-    method = args.method or spec.methods[0]
-    if "folder" in spec.groups and not getattr(args, "root", None):
+    file, file_method, file_run = file_settings(args.config)
+    file_source, file_method_name = file.pop("source", source), file.pop("method", None)
+    method = args.method or (file_method_name if file_source == source else None) or spec.methods[0]
+    if file_source != source or method != (file_method_name or method):  # the file's settings are another's
+        file_method = {}
+    values = {**file, **settings_from(args, PretrainConfig)}
+    if "folder" in spec.groups and not values.get("root"):
         raise UsageError(f"pretrain {args.command} needs --root DIR (an image folder)")
-    values = settings_from(args, PretrainConfig)
     if "fractal" not in spec.groups:
         values["pairs_per_epoch"] = 1  # an epoch is one pass over the folder
-    cfg = PretrainConfig(source=source, method=method, method_args=_method_args(args.set, args.lr), **values)
+    cfg = PretrainConfig(source=source, method=method,
+                         method_args={**file_method, **_method_args(args.set, args.lr)}, **values)
     if source in _FRACTAL and cfg.size < 16:
         raise UsageError(f"--size must be at least 16 px for rendered fractals, got {cfg.size}")
     check_backbone(cfg.arch, cfg.width, cfg.size)
-    opts = RunOptions(**settings_from(args, RunOptions))
+    opts = RunOptions(**{**file_run, **settings_from(args, RunOptions)})
     out = opts.out or Path(f"{args.command}-{cfg.arch.replace(':', '-')}.ckpt")
     opts = dataclasses.replace(opts, out=out, run_dir=opts.run_dir or default_run_dir(out))
     check_apart(out, opts.run_dir)
@@ -110,6 +146,11 @@ def _add_source_command(sub, name: str) -> None:
     p.add_argument("--lr", type=float, default=None,
                    help="base learning rate per 256 samples, scaled with the batch (default: the method's; "
                         + ", ".join(f"{m} {METHODS[m].Config().lr}" for m in spec.methods) + ")")
+    p.add_argument("--config", type=Path, metavar="FILE", default=None,
+                   help="settings from a TOML file ([pretrain], [method], [run] tables, keys named as the "
+                        "flags with underscores) or a run's config.json, which replays that run; flags "
+                        "given beside it win; `pretrain --config FILE` takes the subcommand from the file "
+                        "(docs/pretraining.md: config files)")
     add_set_flag(p, "a method setting, e.g. --set temperature=0.1 (repeatable; see docs/pretraining.md)")
     add_settings(p, RunOptions)
     p.set_defaults(run=cmd_train)
@@ -125,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     errors = (BackboneError, CheckpointError, RunDirError, FolderError, BankError, ValueError)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        argv = with_source_command(argv)
+    except (UsageError, ConfigFileError) as exc:
+        print(f"pretrain: error: {exc}", file=sys.stderr)
+        return 2
     return run_main("pretrain", build_parser(), argv, errors, (TrainingError,))
 
 

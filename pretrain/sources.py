@@ -86,7 +86,8 @@ class ImageSource:
         self.n_classes = len(self.folder.classes) if labelled else None
 
     def fingerprint(self) -> dict:
-        """What ``--resume`` compares: the folder's (or the in-memory batches') fingerprint."""
+        """What ``--resume`` compares: the folder's image list (:meth:`FolderSource.fingerprint`), or
+        down-sampled ImageNet's pickles (:meth:`ImageNet32Source.fingerprint`)."""
         return self.folder.fingerprint()
 
     def __len__(self) -> int:

@@ -233,7 +233,7 @@ def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
     workers = default_workers(device, d.local_world) if opts.workers is None else opts.workers
     check_world(cfg, d)
     distributed.init(d, device, opts.dist_timeout)
-    run = RunDir(opts.run_dir)  # only rank 0 writes it
+    run = RunDir(opts.run_dir, opts.tensorboard)  # only rank 0 writes it
     mode = opts.resume or ("auto" if distributed.under_torchrun() else "no")
     try:
         with ExitStack() as stack:  # rank 0 holds the run directory's session until the run ends

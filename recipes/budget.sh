@@ -8,7 +8,9 @@
 # 1 local epoch) over SEEDS, random init as the baseline.
 # CPU time (2-vCPU VM, one thread per run, the official heads): about 250-300 pairs/s, so 8K and 32K pairs
 # take 1-3 min, 131K about 8 min and 524K about 35 min; two runs at a time use both cores.
+# SCALE=smoke: budgets of 256 and 512 pairs, one seed (the commands, not the curve).
 source "$(dirname "$0")/common.sh"
+[ "$SCALE" = smoke ] && BUDGETS=${BUDGETS:-"256 512"} BUDGET_SEEDS=${BUDGET_SEEDS:-0}
 BUDGETS=${BUDGETS:-"8192 32768 131072 524288"}
 BUDGET_SEEDS=${BUDGET_SEEDS:-"0 1 2"}
 SMALL=${SMALL:-32768}
@@ -16,13 +18,13 @@ PROBE_DATA=${PROBE_DATA:-}
 FEDAVG=${FEDAVG:-0}
 fedavg() {  # fedavg INIT NAME SEED
     local out="$OUT/budget-fl-$2-s$3" resume=()
-    [ -f "$out/config.json" ] && resume=(--resume)  # an interrupted study continues where it stopped
+    started "$out" && resume=(--resume)  # an interrupted study continues where it stopped
     [ -f "$out/final.pt" ] || federate "${resume[@]}" --dataset digits --alpha 0.3 --clients 10 --rounds 10 --local-epochs 1 \
         --init "$1" --seed "$3" --no-eval-local --device "$DEVICE" --quiet --out "$out"
 }
 pretrain_budget() {  # pretrain_budget PAIRS SEED -> checkpoint path (a finished run resumes to no work)
     local out="$OUT/budget-$1-s$2.ckpt" resume=()
-    [ -f "$OUT/budget-$1-s$2.run/config.json" ] && resume=(--resume)
+    started "$OUT/budget-$1-s$2.run" && resume=(--resume)
     pretrain fps "${resume[@]}" --arch resnet20 --size 32 --epochs 4 --pairs-per-epoch $(($1 / 4)) \
         --batch-size 256 --seed "$2" --device "$DEVICE" --quiet --out "$out" >&2
     echo "$out"

@@ -9,6 +9,8 @@
 # Usage: bash recipes/flower_deploy.sh OUT [run-config entries]   (the fpsfl venv active, pip install -e
 #   ".[flower]"); the entries are the app's typed keys, e.g.
 #   CLIENTS=2 bash recipes/flower_deploy.sh runs/flower-digits num-server-rounds=1 local-epochs=1 "algo='moon'"
+# Federated self-pre-training (docs/self-pretraining.md): OUT a checkpoint, sp.ckpt (its run directory sp.run/
+#   beside it), and the entry "self-pretrain='orchestra'".
 # A failure drill: KILL=I:R:S kills SuperNode I (SIGKILL, its process group) when round R starts and starts it
 #   again when round S starts; give the run "min-replies=0.8 flower-timeout=60" so the rounds go on without it.
 # On real machines, the same commands with the SuperLink's address (and TLS certificates, not --insecure):
@@ -68,7 +70,9 @@ start_node() {  # SuperNode $1 in a process group of its own (its ClientApp proc
     echo $! > "$work/supernode$1.pid"
 }
 for ((i = 0; i < CLIENTS; i++)); do start_node "$i"; done
-rounds_done() { if [ -f "$OUT/metrics.jsonl" ]; then wc -l < "$OUT/metrics.jsonl"; else echo 0; fi; }
+done_file=$OUT/final.pt run_dir=$OUT  # self-pre-training: the checkpoint OUT, the run directory beside it
+case $OUT in *.ckpt) done_file=$OUT run_dir=${OUT%.ckpt}.run ;; esac
+rounds_done() { if [ -f "$run_dir/metrics.jsonl" ]; then wc -l < "$run_dir/metrics.jsonl"; else echo 0; fi; }
 if [ -n "${KILL:-}" ]; then
     IFS=: read -r node kill_round start_round <<< "$KILL"
     (
@@ -85,16 +89,17 @@ run_config="clients=$CLIENTS out='$OUT' $*"
 [ -z "${SHARDS:-}" ] || run_config="$run_config shards='$(realpath "$SHARDS")'"
 timeout "$TIMEOUT" flwr run "$ROOT" loopback --stream --run-config "$run_config" \
     > "$work/flwr-run.log" 2>&1 || true
-if [ ! -f "$OUT/final.pt" ]; then  # the ServerApp writes final.pt after its last round
+if [ ! -f "$done_file" ]; then  # the ServerApp writes final.pt (or the checkpoint) after its last round
     tail -n 40 "$work"/*.log >&2
     echo "flower_deploy: the run did not finish (logs above)" >&2
     exit 1
 fi
-python - "$OUT/metrics.jsonl" <<'PY'
+python - "$run_dir/metrics.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
+last = {k: round(rows[-1][k], 4) for k in ("test_acc", "loss") if k in rows[-1]}  # federate's or SP's
 print(json.dumps({"engine": "flower-deployment", "rounds": rows[-1]["round"],
-                  "test_acc": round(rows[-1]["test_acc"], 4), "seconds": round(sum(r["seconds"] for r in rows), 1),
+                  **last, "seconds": round(sum(r["seconds"] for r in rows), 1),
                   "round_s": [round(r["seconds"], 2) for r in rows],
                   "missing_clients": {r["round"]: r["missing_clients"] for r in rows if r.get("missing_clients")}}))
 PY

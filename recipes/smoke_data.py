@@ -18,7 +18,9 @@ uses are the ones the smoke run exercises:
   ``val_data`` (``data`` N x 3072 channel-major uint8, 1-based ``labels``);
 - ``resnet18_places365.pth.tar``: the Places365 project's file (``state_dict`` under ``module.``, 365-way fc);
 - ``chest_xray/``: Kermany et al.'s folder train/{NORMAL,PNEUMONIA}/*.jpeg and test/...;
-- ``stylegan/``: a folder of generated-looking PNG images (Baradad et al.'s StyleGAN images are a folder).
+- ``stylegan/``: a folder of generated-looking PNG images (Baradad et al.'s StyleGAN images are a folder);
+- ``torch-home/hub/checkpoints/``: stand-ins for torchvision's ResNet18 and MobileNetV2 ImageNet files
+  (random weights), for ``--init imagenet`` with ``TORCH_HOME`` pointing there.
 
 Images of class c share a base colour with noise on it, so a smoke run can learn something; the tests use
 the writers with solid, numbered colours (:func:`colour`) to check which image went where.
@@ -351,11 +353,27 @@ def write_places365(path, seed: int = 0) -> dict:
     return state
 
 
+def write_torch_hub(hub_checkpoints, seed: int = 0) -> None:
+    """Stand-ins for torchvision's ImageNet weight files, at the names ``federate --init imagenet`` looks up
+    in ``$TORCH_HOME/hub/checkpoints/`` (random weights in the published state-dict layout: the smoke runs
+    have no network)."""
+    import torch
+    from torchvision.models import mobilenet_v2, resnet18
+
+    from federated.initialisation import IMAGENET_FILES
+
+    torch.manual_seed(seed)
+    folder = Path(hub_checkpoints)
+    folder.mkdir(parents=True, exist_ok=True)
+    for arch, build in (("resnet18", resnet18), ("mobilenet_v2", mobilenet_v2)):
+        torch.save(build().state_dict(), folder / IMAGENET_FILES[arch].rsplit("/", 1)[1])
+
+
 # ---- everything, for the recipes ---------------------------------------------------------------------------
 
 WRITERS: dict[str, Callable[[Path], object]] = {
-    "cifar10": lambda d: write_cifar(d, hundred=False, per_file=200, learnable=True),
-    "cifar100": lambda d: write_cifar(d, hundred=True, per_file=1000, learnable=True),
+    "cifar10": lambda d: write_cifar(d, hundred=False, per_file=60, learnable=True),
+    "cifar100": lambda d: write_cifar(d, hundred=True, per_file=300, learnable=True),
     "tinyimagenet": lambda d: write_tiny(d, wnids=[f"n{i:08d}" for i in range(8)], per_class=40,
                                          val_labels=[i % 8 for i in range(32)],
                                          image=_seeded(lambda rng, k, c: noisy(c, (64, 64), rng))),
@@ -366,6 +384,7 @@ WRITERS: dict[str, Callable[[Path], object]] = {
     "places365": lambda d: write_places365(d / "resnet18_places365.pth.tar"),
     "chest_xray": lambda d: write_chest_xray(d / "chest_xray"),
     "stylegan": lambda d: write_image_pile(d / "stylegan"),
+    "torch_hub": lambda d: write_torch_hub(d / "torch-home" / "hub" / "checkpoints"),
 }
 
 

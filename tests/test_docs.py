@@ -95,3 +95,21 @@ def test_the_site_builds_strictly(tmp_path):
     done = subprocess.run([mkdocs, "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_site_hook_checks_links_out_of_docs_and_renders_them_as_paths(tmp_path):
+    errors = pytest.importorskip("mkdocs.exceptions")
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = SimpleNamespace(file=SimpleNamespace(src_path="x.md"))
+    config = {"docs_dir": str(ROOT / "docs")}
+    code = "\n```\n[c](../nope)\n```"  # a code block is left alone
+    text = "[the weights](../weights/README.md) [here](index.md)"
+    out = hooks.on_page_markdown(text + code, page, config, None)
+    assert out == "the weights (`weights/README.md`) [here](index.md)" + code
+    with pytest.raises(errors.PluginError, match="nope.md"):
+        hooks.on_page_markdown("[gone](../nope.md)", page, config, None)

@@ -42,6 +42,12 @@ def train(msg: Message, context: Context) -> Message:
     return _handle("train", msg, context)
 
 
+@app.train("selfpretrain")
+def self_pretrain(msg: Message, context: Context) -> Message:
+    """One round of federated self-pre-training (``train.selfpretrain`` messages, :mod:`.selfsup_node`)."""
+    return _handle("self_pretrain", msg, context)
+
+
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """The global model on the client's own data (:func:`.node.evaluate`)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -27,17 +28,18 @@ from .client_app import app as client_app
 from .server_app import dispatch_for
 
 
-def simulate(cfg: FederateConfig, opts: RunOptions,
-             rounds: Callable[[Dispatch | None], list[dict]]) -> list[dict]:
+def simulate(cfg: FederateConfig, opts: RunOptions, rounds: Callable[[Dispatch | None], list[dict]],
+             make_dispatch: Callable[[Grid], Any] | None = None) -> list[dict]:
     """``rounds(dispatch)`` (the run's round loop) as a ServerApp, with one simulated SuperNode per client;
     returns its metrics rows (a :data:`federated.runner.Host`). An exception in the round loop reaches the
-    caller as it was raised."""
+    caller as it was raised. ``make_dispatch(grid)``: the dispatcher (default: federate's, for these
+    options; self-pre-training's is :class:`.selfsup.SelfPretrainDispatch`)."""
     rows: list[dict] = []
     server = ServerApp()
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        rows.extend(rounds(dispatch_for(grid, opts)))
+        rows.extend(rounds(make_dispatch(grid) if make_dispatch is not None else dispatch_for(grid, opts)))
 
     backend = {"client_resources": flower_resources(opts.flower_resources),
                "init_args": {"include_dashboard": False}}

@@ -97,6 +97,13 @@ def train(msg: Message, context: Context, phases: Phases | None = None) -> Messa
     return Message(reply, reply_to=msg)
 
 
+def self_pretrain(msg: Message, context: Context, phases: Phases | None = None) -> Message:
+    """One round of federated self-pre-training (:mod:`.selfsup_node`: a stateless client)."""
+    from .selfsup_node import train as train_self_pretrain
+
+    return train_self_pretrain(msg, context, phases)
+
+
 def evaluate(msg: Message, context: Context, phases: Phases | None = None) -> Message:
     """The global model tested on the client's own data (a Flower strategy's evaluation round)."""
     phases = phases or Phases("inline")

@@ -22,7 +22,8 @@ from ..partitions import setting_fields
 
 ALIASES = {"num-server-rounds": "rounds"}  # Flower's name for the round count
 # RunOptions' (not the result's)
-RUN_KEYS = ("out", "device", "resume", "flower-timeout", "min-replies", "shards", "node-names", "node-wait")
+RUN_KEYS = ("out", "device", "resume", "flower-timeout", "min-replies", "shards", "node-names", "node-wait",
+            "tensorboard")
 NOT_HERE = {"tracking", "algo_args", "partition_args"}  # nested: set, or the CLI's own flags
 
 
@@ -46,7 +47,7 @@ def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig,
             values[name] = coerce(key, value, cfg_types[name])
         elif name in partition:
             values[name] = coerce(key, value, _kind(partition[name]))
-        elif name in ("out", "shards"):
+        elif name in ("out", "shards", "tensorboard"):
             run[name] = Path(str(value)).expanduser()
         elif name in run_types:
             run[name] = coerce(key, value, run_types[name])

@@ -194,6 +194,13 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """The ServerApp of ``flwr run .``: federate with the settings of the Flower run config."""
-    cfg, opts = options_from_run_config(dict(context.run_config))
+    """The ServerApp of ``flwr run .``: federate with the settings of the Flower run config, or federated
+    self-pre-training when its ``self-pretrain`` key names a method (:mod:`.selfsup`)."""
+    run_config = dict(context.run_config)
+    if str(run_config.get("self-pretrain") or "").strip():
+        from .selfsup import serve as serve_self_pretrain
+
+        serve_self_pretrain(grid, run_config)
+        return
+    cfg, opts = options_from_run_config(run_config)
     serve(grid, cfg, opts)

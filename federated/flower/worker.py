@@ -75,7 +75,7 @@ def serve(path: Path) -> None:
     from . import node  # torch and the run's code: once, here
 
     phases.mark("imports")
-    handlers = {"train": node.train, "evaluate": node.evaluate}
+    handlers = {"train": node.train, "evaluate": node.evaluate, "self_pretrain": node.self_pretrain}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped: remove the socket on the way out
     with _listen(path) as sock:
         print(f"fpsfl worker {os.getpid()}: serving {path}", file=sys.stderr, flush=True)

@@ -16,12 +16,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from fpsfl.base.settings import check
 
 from ..aggregate import State
+from ..algorithms import AlgoConfig, ClientResult, FedAvg
 from ..local import DivergenceError, make_optimizer
 
 
@@ -108,6 +110,14 @@ class FederatedSSL:
         return means
 
     # ---- server ------------------------------------------------------------------------------------
+    def check_update(self, update: ClientUpdate, global_state: State) -> str:
+        """Why the server must not take ``update``, a client's reply from another process (a Flower node), or
+        "" when it may: supervised FedAvg's checks (the global model's keys, shapes and dtypes, finite
+        values, a finite payload). Methods with a payload check its form too. One line."""
+        fedavg = FedAvg(AlgoConfig(), [update.n_samples], np.zeros((1, 0)))
+        result = ClientResult(update.client, update.state, update.n_samples, 1, update.extra)
+        return fedavg.check_result(result, global_state)
+
     def server_update(self, state: State, updates: list[ClientUpdate]) -> tuple[State, dict[str, float]]:
         """After the FedAvg average ``state`` of the clients' states: the new global state and the server's
         statistics. Default: the average itself."""

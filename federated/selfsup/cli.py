@@ -20,7 +20,15 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from fpsfl.base.cli import Parser, add_set_flag, add_settings, parse_settings, settings_from, writable_file
+from fpsfl.base.cli import (
+    Parser,
+    UsageError,
+    add_set_flag,
+    add_settings,
+    parse_settings,
+    settings_from,
+    writable_file,
+)
 from pretrain.backbones import check_backbone
 
 from ..cli import add_partition_flags, partition_settings_classes
@@ -51,7 +59,15 @@ def configs_from(args: argparse.Namespace) -> tuple[FederateConfig, SelfPretrain
 
 def cmd_self_pretrain(args: argparse.Namespace) -> None:
     fed, sp, opts = configs_from(args)
-    rows = run(fed, sp, opts)
+    if opts.shards is not None and opts.engine == "inprocess":
+        raise UsageError("--shards: node-local shards are for flwr run . on a SuperLink (each SuperNode with "
+                         "node config data-dir); the inprocess engine draws the partition itself")
+    if opts.engine == "flower":  # the engine is chosen here, at the top: the runner never imports Flower
+        from ..flower.selfsup import run_simulation
+
+        rows = run_simulation(fed, sp, opts)
+    else:
+        rows = run(fed, sp, opts)
     last = rows[-1] if rows else {}
     if last.get("round") == sp.rounds:
         print(f"self-pretrain {sp.algo}: {sp.rounds} rounds, last loss {last.get('loss', float('nan')):.4f}; "

@@ -13,19 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fpsfl.base.rundir import RunFlags
 from fpsfl.base.settings import check, override, setting
 
 from ..datasets import Preset
+from ..experiment import RunOptions
 from . import FED_SSL
 from .base import SSLConfig
 
 GROUP = "self-pre-training"
 # the FederateConfig fields self-pre-training reads: data, partition (with every partition's settings),
 # client sampling, model and seed; the others (rounds, lr, ...) are supervised ones
-DATA_FIELDS = ("dataset", "data_root", "download", "split_csv", "store_size", "input_size", "val_fraction",
-               "partition", "clients", "min_size", "participation", "arch", "width", "init", "init_format",
-               "seed")
+DATA_FIELDS = ("dataset", "data_root", "download", "split_csv", "test_csv", "decode", "verify", "store_size",
+               "input_size", "val_fraction", "partition", "clients", "min_size", "participation", "arch",
+               "width", "init", "init_format", "seed")
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,10 @@ class SelfPretrainConfig:
 
 
 @dataclass(frozen=True)
-class SelfPretrainOptions(RunFlags):
+class SelfPretrainOptions(RunOptions):
+    """federate's run options (the engine and its Flower settings among them), with ``out`` the checkpoint
+    and the run directory beside it."""
+
     out: Path | None = setting(None, "the backbone checkpoint (fpsfl-backbone/1) that federate --init reads",
                                parse=Path, group="run", default_text="sp-<dataset>-<algo>-s<seed>.ckpt")
     run_dir: Path | None = setting(None, "run directory: config.json, metrics.jsonl, partition.json/.png, "

@@ -27,9 +27,11 @@ from ..rounds import _generators, _seed, client_noise_for
 from .base import ClientRun, ClientUpdate, FederatedSSL
 from .config import SelfPretrainConfig
 
-# A dispatcher trains the round's clients from the global state and returns their updates in the order
-# of ``selected``: in this process (:func:`train_in_process`) or through Flower messages.
-Dispatch = Callable[[int, list[int], State], list[ClientUpdate]]
+# A dispatcher trains round ``rnd``'s ``selected`` clients (of the partition's client ``sizes``) from the
+# global state and returns their updates in the order of ``selected`` and notes for the metrics line: in
+# this process (:class:`InProcess`) or through Flower messages (federated.flower.selfsup), which may leave
+# out clients that did not reply (--min-replies) and say why in the notes.
+Dispatch = Callable[[int, list[int], State, list[int]], tuple[list[ClientUpdate], dict]]
 
 
 def select_clients(sizes: list[int], seed: int, rnd: int, participation: float) -> list[int]:
@@ -81,11 +83,12 @@ class InProcess:
         self.local = copy.deepcopy(model)
         self.images, self.parts = images, parts
 
-    def __call__(self, rnd: int, selected: list[int], global_state: State) -> list[ClientUpdate]:
+    def __call__(self, rnd: int, selected: list[int], global_state: State,
+                 sizes: list[int]) -> tuple[list[ClientUpdate], dict]:
         updates = []
         for i, client in enumerate(selected):
             run = client_run(self.fed, self.sp, rnd, client, self.images[self.parts[client]], self.size)
             updates.append(train_client(self.method, self.local, global_state, run))
             if self.bar is not None:
                 self.bar.set_postfix_str(f"client {i + 1}/{len(selected)}")
-        return updates
+        return updates, {}

@@ -11,6 +11,7 @@ clients' sample indices); ``federate --init`` refuses it for another partition.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,7 @@ from pretrain.backbones import create_backbone
 from ..datasets import ImageData
 from ..experiment import FederateConfig
 from ..initialisation import check_init, init_sha256, initialise
+from ..local import DivergenceError
 from ..partitions import indices_sha256, write_partition_report
 from ..setup import partitioned
 from ..shards import partition_settings
@@ -102,16 +104,27 @@ def _rounds(method, model, fed: FederateConfig, sp: SelfPretrainConfig, opts: Se
         t0 = time.perf_counter()
         selected = select_clients(sizes, fed.seed, rnd, fed.participation)
         global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        updates = train(rnd, selected, global_state)
+        try:
+            updates, notes = train(rnd, selected, global_state, sizes)
+        except DivergenceError as exc:
+            bar.close()
+            raise DivergenceError(f"round {rnd}: {exc}; the rounds before are kept in {rundir.path} "
+                                  f"(--resume continues; try a lower --lr)") from None
         state, server_stats = aggregate(method, updates)
         model.load_state_dict(state)
         record = {"round": rnd, **round_stats(updates), **server_stats,
                   "clients": [u.client for u in updates], "client_sizes": [u.n_samples for u in updates],
-                  "seconds": time.perf_counter() - t0}
+                  "seconds": time.perf_counter() - t0, **notes}
+        missing = [c for c in selected if c not in record["clients"]]
+        if missing:  # a Flower round with enough replies (--min-replies) goes on without these
+            record["missing_clients"] = missing
         if rnd < 1:
             record["warmup"] = True
         rundir.append_metrics(record)
         rundir.save_state({"done": rnd, "model": model.state_dict()})
+        if opts.log_rounds:  # no bar (flwr run): a line per round, which flwr log shows
+            tqdm.write(f"self-pretrain round {rnd}/{sp.rounds}: loss {record.get('loss', float('nan')):.4f}, "
+                       f"{len(updates)} clients, {record['seconds']:.1f} s", file=sys.stderr)
         if "loss" in record:
             bar.set_postfix(loss=f"{record['loss']:.3f}")
         bar.update(1)

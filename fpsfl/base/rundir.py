@@ -36,6 +36,7 @@ import torch
 from .checkpoint import load_weights_only, plain
 from .files import CRASH_ENV, LockedError, append_line, atomic_save, atomic_write, clean_stale, lock_file
 from .settings import setting
+from .tensorboard import ScalarWriter, run_log_dir
 
 STATE = "state.pt"
 LOCK = ".lock"
@@ -61,6 +62,10 @@ class RunFlags:
                                   "round", group="run")
     progress: bool = setting(True, "no progress bar or per-epoch lines", flag="--quiet", group="run")
     stop_after: int | None = setting(None, cli=False)  # stop after this many epochs/rounds (--resume tests)
+    tensorboard: Path | None = setting(None, "also write every metrics line as TensorBoard scalars while the "
+                                             "run goes, into DIR/<run directory's name> (needs pip install "
+                                             "'fpsfl[tensorboard]'; metrics.jsonl stays the record)",
+                                       parse=Path, metavar="DIR", group="run", default_text="none")
 
 
 def code_version() -> str:
@@ -95,11 +100,14 @@ def read_jsonl(path: Path, error: type[ValueError] = RunDirError) -> tuple[list[
 
 
 class RunDir:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, tensorboard: Path | None = None):
+        """``tensorboard``: a folder that also receives every metrics line as TensorBoard scalars
+        (:mod:`fpsfl.base.tensorboard`; a missing package is one line now, before the run starts)."""
         self.path = Path(path)
         self.config_path, self.metrics_path = self.path / "config.json", self.path / "metrics.jsonl"
         self.state_path = self.path / STATE
         self._lock_fd: int | None = None
+        self._scalars = ScalarWriter(run_log_dir(tensorboard, self.path)) if tensorboard is not None else None
 
     # ---- the whole life of a run ---------------------------------------------------------------------
     @contextmanager
@@ -120,6 +128,8 @@ class RunDir:
             raise
         finally:
             self.release()
+            if self._scalars is not None:
+                self._scalars.close()
 
     def acquire(self) -> None:
         """Take the exclusive lock (creating the directory); refuses one held by a live process. Then no
@@ -245,8 +255,11 @@ class RunDir:
         atomic_save(state, self.state_path)
 
     def append_metrics(self, record: dict) -> None:
-        """Append one line and sync it to disk before the state that counts it is saved."""
+        """Append one line and sync it to disk before the state that counts it is saved; then, with
+        ``tensorboard``, the same line as scalars (the one place both commands write metrics through)."""
         append_line(self.metrics_path, json.dumps(record) + "\n")
+        if self._scalars is not None:
+            self._scalars.write(record)
 
     def metrics(self) -> list[dict]:
         return read_jsonl(self.metrics_path)[0]

@@ -50,6 +50,7 @@ class Budget:
     seeds: tuple[int, ...] = (0, 1, 2)
     width: float = 1.0  # ResNet20 width multiplier
     batch_size: int | None = None  # local batch; None: the digits preset (8)
+    lr_decay_every: int | None = None  # rounds between x0.1 decays; None: federate's (30, Appendix B.1)
     jobs: int = 2  # steps run at once (each on one thread when more than one)
     note: str = ""
 
@@ -59,7 +60,7 @@ BUDGETS = {
     "smoke": Budget(1, 64, 32, 2, 1, 1, 10, 1, seeds=(0, 1), width=0.25, batch_size=64,
                     note="a smoke test of the pipeline only"),
     # fits 10 minutes on a 2-core CPU: 10 rounds, the loss variance over 50 lambdas (not the paper's 300)
-    "default": Budget(2, 4096, 128, 10, 1, 10, 50, 2,
+    "default": Budget(2, 4096, 128, 10, 1, 10, 50, 2, lr_decay_every=6,
                       note="about 1/12,000 of the paper's pre-training (100 epochs x 1M pairs), 1/50 of "
                            "its federated budget (100 rounds x 5 local epochs) and 1/6 of its λ samples for "
                            "the loss variance (50, not 300)"),
@@ -76,7 +77,9 @@ class Step:
     done: Path  # federate: its final.pt, which exists once the run finished; pretrain: its run directory
     resume_if: Path | None = None  # exists when an interrupted run can be resumed
     after: tuple[str, ...] = ()  # names of the steps that must finish first
-    seconds: float | None = None  # None: skipped (already done)
+    seconds: float | None = None  # wall time; None: skipped (already done)
+    cpu_seconds: float | None = None  # the subprocess's user + system CPU time (steadier than wall on a
+    #                                   machine shared with other work)
     extra: dict = field(default_factory=dict)
     epochs: int | None = None  # pretrain: finished once its run directory's state counts these epochs
 
@@ -104,6 +107,8 @@ def _federate_argv(out: Path, init: str, budget: Budget, device: str, seed: int,
             "--device", device, "--out", str(out), "--quiet"]
     if budget.batch_size is not None:
         argv += ["--batch-size", str(budget.batch_size)]
+    if budget.lr_decay_every is not None:
+        argv += ["--lr-decay-every", str(budget.lr_decay_every)]
     if centralised:
         return argv + ["--centralized"]
     if not track:  # the local accuracies feed the dynamics of the tracked (seed-0) runs only
@@ -173,10 +178,13 @@ def run_steps(steps: list[Step], jobs: int, log: Path) -> None:
                                       time.perf_counter())
             time.sleep(0.2)
             for name, (step, proc, t0) in list(running.items()):
-                if proc.poll() is None:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)  # reaps it with its CPU time
+                if pid == 0:
                     continue
+                proc.returncode = os.waitstatus_to_exitcode(status)
                 del running[name]
                 step.seconds = time.perf_counter() - t0
+                step.cpu_seconds = usage.ru_utime + usage.ru_stime
                 if proc.returncode != 0:
                     for _, other, _ in running.values():
                         other.terminate()
@@ -184,7 +192,7 @@ def run_steps(steps: list[Step], jobs: int, log: Path) -> None:
                                         f"and run the demo again with the same --out to continue")
                 finished.add(name)
                 bar.update(1)
-                tqdm.write(f"done: {name} ({step.seconds:.0f} s)")
+                tqdm.write(f"done: {name} ({step.seconds:.0f} s, {step.cpu_seconds:.0f} CPU-s)")
     bar.close()
 
 

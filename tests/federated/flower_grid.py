@@ -13,6 +13,7 @@ import pytest
 from federated import runner
 from federated.experiment import FederateConfig, RunOptions
 
+ACTIONS = {"train.selfpretrain": "self_pretrain"}  # message type -> the ClientApp's function
 TINY = dict(dataset="digits", clients=3, rounds=2, local_epochs=1, batch_size=32, width=0.25, alpha=1.0,
             seed=0, eval_local=False)
 
@@ -80,11 +81,12 @@ class LocalGrid:
             meta = Metadata(run_id=1, message_id=f"m{self.pushed}", src_node_id=0, dst_node_id=node,
                             reply_to_message_id="", group_id=message.metadata.group_id,
                             created_at=time.time(), ttl=message.metadata.ttl, message_type=kind)
-            if node not in self.down and not (node in self.mute and kind == "train"):
-                handle = getattr(client_app, kind)
+            train = kind.split(".")[0] == "train"  # train.selfpretrain: federated self-pre-training's
+            if node not in self.down and not (node in self.mute and train):
+                handle = getattr(client_app, ACTIONS.get(kind, kind))
                 reply = handle(Message(message.content, metadata=meta), self.contexts[node])
-                at = (node, int(message.content["config"]["server-round"])) if kind == "train" else None
-                if kind == "train":
+                at = (node, int(message.content["config"]["server-round"])) if train else None
+                if train:
                     self.replies.append(reply)
                 if at in self.tamper:
                     reply = self.tamper[at](Message(message.content, metadata=meta), reply)

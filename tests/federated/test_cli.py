@@ -7,7 +7,7 @@ import torch
 
 from federated.cli import main
 from federated.experiment import FederateConfig
-from federated.initialisation import InitError, initialise
+from federated.initialisation import InitError, check_partition, initialise, pretraining_size
 from federated.setup import setup
 from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
 from pretrain.backbones import create_backbone
@@ -89,6 +89,8 @@ def test_places365_file_as_published_loads_its_backbone(tmp_path):
         initialise(create_backbone("resnet18"), "resnet18", 1.0, f"places365:{tmp_path / 'in1k.pth'}")
     with pytest.raises(InitError, match="no such file"):
         initialise(create_backbone("resnet18"), "resnet18", 1.0, f"places365:{tmp_path / 'none.tar'}")
+    check_partition(f"places365:{path}", "fpsfl", {})  # no partition recorded: nothing to refuse
+    assert pretraining_size(f"places365:{path}") is None
 
 
 def test_an_existing_run_is_not_overwritten(tmp_path, capsys):

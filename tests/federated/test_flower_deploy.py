@@ -24,8 +24,9 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "flower_deploy.sh"
 LIMIT_S = 600
 
 
-def _deploy(tmp_path, clients, entries, **env_extra):
-    """The recipe's run on node-local shards; (its JSON summary, metrics rows, stderr)."""
+def _deploy(tmp_path, clients, entries, out="run", **env_extra):
+    """The recipe's run on node-local shards into ``tmp_path / out`` (a run directory, or the checkpoint of
+    self-pre-training, ``sp.ckpt``, its run directory beside it); (its JSON summary, metrics rows, stderr)."""
     pytest.importorskip("flwr", reason="Flower is not installed (pip install -e '.[flower]')")
     shards = tmp_path / "shards"
     assert main(["export-partitions", "--clients", str(clients), "--alpha", "1.0", "--quiet",
@@ -34,18 +35,19 @@ def _deploy(tmp_path, clients, entries, **env_extra):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "CLIENTS": str(clients), "TIMEOUT": str(LIMIT_S - 60), "WORK": str(work), "OMP_NUM_THREADS": "1",
            "SHARDS": str(shards), **env_extra}
-    cmd = ["bash", str(RECIPE), str(tmp_path / "run"), "alpha=1.0", "local-epochs=1", "width=0.25",
+    cmd = ["bash", str(RECIPE), str(tmp_path / out), "alpha=1.0", "local-epochs=1", "width=0.25",
            "device='cpu'", "eval-local=false", *entries]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=LIMIT_S)
+        printed, err = proc.communicate(timeout=LIMIT_S)
     finally:
         _stop(proc, work / "flwr")
     assert proc.returncode == 0, err[-4000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert (tmp_path / "run" / "final.pt").is_file()
-    return json.loads(out.splitlines()[-1]), rows, err
+    run_dir = tmp_path / (out.removesuffix(".ckpt") + ".run" if out.endswith(".ckpt") else out)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert (tmp_path / out if out.endswith(".ckpt") else run_dir / "final.pt").is_file()
+    return json.loads(printed.splitlines()[-1]), rows, err
 
 
 @pytest.mark.slow
@@ -53,6 +55,17 @@ def test_loopback_deployment_on_node_local_shards_runs_fedavg(tmp_path):
     summary, rows, _ = _deploy(tmp_path, 2, ["algo='fedavg'", "num-server-rounds=1"])
     assert summary["rounds"] == 1 and [r["round"] for r in rows] == [1] and rows[0]["clients"] == [0, 1]
     assert 0 <= rows[0]["test_acc"] <= 1
+
+
+@pytest.mark.slow
+def test_loopback_deployment_on_node_local_shards_self_pretrains(tmp_path):
+    """Federated self-pre-training (Orchestra, docs/self-pretraining.md) by the same app: the ServerApp sees
+    self-pretrain in its run config, the SuperNodes train on their shards, and the checkpoint loads."""
+    from fpsfl.base.checkpoint import load_checkpoint
+
+    summary, rows, _ = _deploy(tmp_path, 2, ["self-pretrain='orchestra'", "num-server-rounds=1"], "sp.ckpt")
+    assert summary["rounds"] == 1 and [r["round"] for r in rows] == [0, 1] and rows[1]["clients"] == [0, 1]
+    assert load_checkpoint(tmp_path / "sp.ckpt")["method"] == "orchestra"
 
 
 @pytest.mark.slow

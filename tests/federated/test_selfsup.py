@@ -77,7 +77,7 @@ def test_orchestra_rounds_equal_the_plain_torch_reference():
     parts = [torch.arange(0, 12), torch.arange(12, 20)]
     for rnd in (0, 1):
         engine = InProcess(method, model, fed, sp, data.train_x, parts, 8)
-        updates = engine(rnd, [0, 1], {k: v.clone() for k, v in model.state_dict().items()})
+        updates, _ = engine(rnd, [0, 1], {k: v.clone() for k, v in model.state_dict().items()}, [12, 8])
         got, _ = aggregate(method, updates)
         runs = [client_run(fed, sp, rnd, c, data.train_x[p], 8) for c, p in enumerate(parts)]
         want = orchestra_round_ref(copy.deepcopy(model), [data.train_x[p] for p in parts], runs, cfg,

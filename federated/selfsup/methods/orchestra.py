@@ -164,6 +164,18 @@ class Orchestra(FederatedSSL):
         model.load_state_dict(buffers, strict=False)
         return torch.cat(bank)[: self.cfg.memory]
 
+    def check_update(self, update: ClientUpdate, global_state: State) -> str:
+        reason = super().check_update(update, global_state)
+        found = update.extra.get("local_centroids")
+        if reason or found is None:
+            return reason or "its reply holds no local_centroids"
+        dim = global_state["centroids"].shape[1]
+        if (found.ndim != 2 or not 1 <= found.shape[0] <= self.cfg.local_clusters or found.shape[1] != dim
+                or found.dtype != global_state["centroids"].dtype):
+            return (f"its local_centroids are {tuple(found.shape)} {found.dtype}, not at most "
+                    f"{self.cfg.local_clusters} x {dim} {global_state['centroids'].dtype}")
+        return ""
+
     def server_update(self, state: State, updates: list[ClientUpdate]) -> tuple[State, dict[str, float]]:
         points = torch.cat([u.extra["local_centroids"] for u in updates]).to(state["centroids"])
         centroids = global_clustering(points, state["centroids"], self.cfg.temperature, self.cfg.server_steps,
