@@ -189,6 +189,16 @@ def _load_states(runs: list[Run]) -> list[State]:
     return states
 
 
+def _check_fits(model: State, state: State, run: Run) -> None:
+    """The runs' models must fit the model rebuilt from the config: not so when the data changed since
+    (another number of classes at --data-root), which load_state_dict would answer with a traceback."""
+    wrong = [k for k, v in state.items() if k not in model or tuple(model[k].shape) != tuple(v.shape)]
+    if wrong or set(model) - set(state):
+        first = wrong[0] if wrong else sorted(set(model) - set(state))[0]
+        raise AnalysisError(f"{run.name}'s final.pt does not fit the model rebuilt from its config (e.g. "
+                            f"{first}): has the {run.config.dataset} data changed since the run?")
+
+
 def _batched(task, batch_size: int):
     """The task, evaluating in batches of ``batch_size`` where its evaluate takes one (classification)."""
     if "batch_size" not in inspect.signature(task.evaluate).parameters:
@@ -275,6 +285,7 @@ def run_landscape(args: argparse.Namespace) -> None:
     out = output_dir(args.out, runs)
     states = _load_states(runs)
     s = rebuild(runs[0], args.device)
+    _check_fits(s.model.state_dict(), states[0], runs[0])
     # with --bn-recompute the running statistics are re-estimated at each point, so they are no coordinates
     exclude = [name for name, _ in s.model.named_buffers()] if args.bn_recompute else []
     keys = vector_keys(states[0], exclude)

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import shutil
 import signal
 import time
 from collections import Counter
@@ -183,14 +184,12 @@ def _main(command: Command) -> Callable[[list[str]], int]:
 def fixtures(tmp_path_factory) -> dict[str, str]:
     """What the base commands read: an image folder, three finished tracked runs, a checkpoint."""
     import numpy as np
+    import torch
     from PIL import Image
 
-    from federated.experiment import FederateConfig, RunOptions
-    from federated.oracle.tracking import TrackConfig
-    from federated.runner import run
-    from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
+    from federated.cli import main as federate
+    from fpsfl.base.checkpoint import atomic_save, make_checkpoint, save_checkpoint
     from pretrain.backbones import create_backbone
-    from tests.federated.test_algorithms import synthetic
 
     root = tmp_path_factory.mktemp("fixtures")
     for c in ("a", "b"):
@@ -198,14 +197,17 @@ def fixtures(tmp_path_factory) -> dict[str, str]:
         for i in range(4):
             Image.fromarray(np.full((20, 20, 3), 30 * i + 50 * (c == "b"), np.uint8)).save(
                 root / "images" / c / f"{i}.png")
-    cfg = FederateConfig(width=0.25, clients=2, rounds=2, local_epochs=1, batch_size=32,
-                         tracking=TrackConfig(track=("convex", "variance"), every=1, variance_samples=2,
-                                              convex_epochs=1))
-    runs = []
-    for seed in range(3):  # the landscape's three corners
-        run(dataclasses.replace(cfg, seed=seed), RunOptions(out=root / f"run{seed}", device="cpu",
-                                                            progress=False), synthetic())
-        runs.append(str(root / f"run{seed}"))
+    base = [a for a in FED if a != "--no-eval-local"]  # dynamics reads the local accuracies
+    assert federate(["--out", str(root / "run0"), *base, "--rounds", "2", "--track", "convex,variance",
+                     "--track-every", "1", "--variance-samples", "2", "--convex-epochs", "1"]) == 0
+    for seed in (1, 2):  # the landscape's other corners: the run with its final model moved at random
+        shutil.copytree(root / "run0", root / f"run{seed}")
+        final = torch.load(root / f"run{seed}" / "final.pt", weights_only=True)
+        g = torch.Generator().manual_seed(seed)
+        final["model"] = {k: v + 0.1 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+                          for k, v in final["model"].items()}
+        atomic_save(final, root / f"run{seed}" / "final.pt")
+    runs = [str(root / f"run{seed}") for seed in range(3)]
     ckpt = make_checkpoint(create_backbone("resnet20", 0.25), arch="resnet20", width=0.25, method="simsiam",
                            source="fps", epoch=1, config={"pretrain": {"size": 16, "pairs_per_epoch": 8}})
     save_checkpoint(ckpt, root / "c.ckpt")

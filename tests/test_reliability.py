@@ -319,10 +319,12 @@ def test_stale_temporary_files_of_a_run_are_removed_on_start(tmp_path):
         path.write_bytes(b"half a file")
     (tmp_path / ".b.ckpt.tmp99").write_text("another run's")
     (run / "notes.tmp1").write_text("not ours: no leading dot")
+    (run / ".notes.txt.tmp1").write_text("not ours: no file of a run")
     held = RunDir(run)
     held.acquire()
     held.release()
-    assert not any(p.exists() for p in stale[:2]) and (run / "notes.tmp1").exists()
+    assert not any(p.exists() for p in stale[:2])
+    assert (run / "notes.tmp1").exists() and (run / ".notes.txt.tmp1").exists()
     shutil.rmtree(run)
     assert pretrain(["fps", *PRE, "--pairs-per-epoch", "8", "--out", str(tmp_path / "a.ckpt")]) == 0
     assert not any(p.exists() for p in stale) and (tmp_path / ".b.ckpt.tmp99").exists()

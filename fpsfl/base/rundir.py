@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,11 @@ from .tensorboard import ScalarWriter, run_log_dir
 STATE = "state.pt"
 LOCK = ".lock"
 FINAL = "final.pt"  # a finished federated run's model (federated.runner)
+# the files a run writes (federate's partition report and --save-local-models too, and the writable-folder
+# probe): only their temporary files are removed, so a run directory made in a user's folder touches nothing
+# else of it
+RUN_FILES = re.compile(r"config\.json|metrics\.jsonl|state\.pt|final\.pt|partition\.(json|png)|probe")
+LOCAL_FILES = re.compile(r"global\.pt|client_\d+\.pt")  # RUN/local/round_NNNN/
 __all__ = ["CRASH_ENV", "RunDir", "RunDirError", "RunFlags"]  # CRASH_ENV: the tests' hook (fpsfl.base.files)
 
 
@@ -139,7 +145,8 @@ class RunDir:
             raise RunDirError(str(exc)) from None
         except OSError as exc:
             raise RunDirError(f"cannot use {self.path} as a run directory: {exc.strerror or exc}") from None
-        clean_stale(self.path)
+        clean_stale(self.path, RUN_FILES, recursive=False)
+        clean_stale(self.path / "local", LOCAL_FILES)
 
     def release(self) -> None:
         if self._lock_fd is not None:
