@@ -9,9 +9,13 @@
 4. write ``OUT/report.md`` with the table (mean ± std over seeds), the figures and how long each step took.
 
 The federated setting was chosen with random init only (as the paper picks its learning rate with FedAvg
-from random init): at the digits preset (lr 0.02, batch 8) FedAvg from random init reaches 51-76% by
-rounds 9-12 under Dir(0.3), where Dir(0.1) and 10 rounds left it near chance. Nothing is tuned to make FPS
-win. Every step is a console command, run as a subprocess, two at a time with one thread each (two
+from random init): the digits preset (lr 0.02, batch 8) under Dir(0.3), where Dir(0.1) and 10 rounds left
+it near chance, with the learning rate x0.1 after round 6 of 10 (the paper's step schedule, x0.1 every 30
+of 100 rounds, in miniature). At a constant lr the last rounds swing by 10-15 points and the table moved
+with the seed and the thread count; with the decay random init's seeds end within about 3 points, at 1 and
+at 2 threads (docs/performance.md, "The demo"). Nothing is tuned to make FPS win.
+
+Every step is a console command, run as a subprocess, two at a time with one thread each (two
 processes of one thread each train ResNet20 on two cores 1.4x faster than one process of two threads);
 its output is kept, so running the demo again with the same ``--out`` skips finished steps and resumes an
 interrupted one.

@@ -170,6 +170,12 @@ def pretraining_line(out: Path) -> str:
             f"{spread:.3f} while the outputs spread, 0 when SimSiam collapses).{probe}")
 
 
+def _schedule(budget) -> str:
+    """The learning-rate schedule in words, where it decays within the run."""
+    every = budget.lr_decay_every
+    return f", learning rate ×0.1 every {every} rounds" if every is not None and every < budget.rounds else ""
+
+
 def write_report(out: Path, steps, budget, budget_name: str, t0: float) -> str:
     """Run the analyses, write ``out/report.md``; returns the markdown table."""
     fig = out / "figures"
@@ -188,7 +194,8 @@ def write_report(out: Path, steps, budget, budget_name: str, t0: float) -> str:
     cpu = sum(c for _, c in seconds.values() if c is not None)
     md = [f"# fpsfl demo ({budget_name} budget)", "",
           "FPS pre-training vs random init for FedAvg on scikit-learn's digits (10 clients, Dir(α = 0.3), "
-          f"full participation, {budget.rounds} rounds, seeds {', '.join(map(str, budget.seeds))}), after "
+          f"full participation, {budget.rounds} rounds{_schedule(budget)}, seeds "
+          f"{', '.join(map(str, budget.seeds))}), after "
           "Chen et al., ICLR 2023, Table 2 and §6. The setting was chosen with random init only.", "",
           "## Results", "",
           "Final-round test accuracy (%) on digits' 360 test images: federated runs as mean ± std over the "
