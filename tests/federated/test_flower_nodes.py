@@ -190,3 +190,48 @@ def test_bad_shard_commands_are_one_line_and_exit_2(tmp_path, capsys, argv, says
     err = capsys.readouterr().err.strip()
     assert says in err.lower() or says in err, err
     assert len(err.splitlines()) == 1
+
+
+# ---- who may serve a client --------------------------------------------------------------------------------
+def test_with_node_names_a_node_claiming_another_clients_partition_is_left_out_in_one_line(tmp_path, capsys):
+    """Clients 0-2 are served by the nodes registered as c-0..c-2 (their SuperLink's registry names them,
+    not the node); node 200, registered as c-2, claims partition-id 0 and is refused in one line naming both
+    nodes; node 201, registered under no name of this run, and node 202 with no name are left out too."""
+    grid = LocalGrid(0)
+    for client in range(3):
+        grid.add_node(100 + client, client, name=f"c-{client}")
+    grid.add_node(200, 0, name="c-2")
+    grid.add_node(201, 1, name="mallory")
+    grid.add_node(202, 2)
+    _serve(grid, tmp_path, names="c-{i}", rounds=1)
+    assert _rows(tmp_path)[0]["clients"] == [0, 1, 2]
+    err = capsys.readouterr().err.splitlines()
+    claims = [line for line in err if "node 200" in line]
+    assert claims == ["federate: Flower node 200 registered as 'c-2' for client 2, claims partition-id 0, "
+                      "which is client 0's, registered as 'c-0' (node 100); it is left out"]
+    assert any("node 201 is registered as 'mallory', which is none of this run's node-names" in line
+               for line in err)
+    assert any("node 202 is registered as '', which is none" in line for line in err)
+    trained = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "train"}
+    assert trained == {100, 101, 102}
+
+
+@pytest.mark.parametrize("spec,says", [("a,b", "expected 3 distinct names"), ("a,a,b", "distinct"),
+                                       ("a,,b", "distinct")])
+def test_node_names_are_one_distinct_name_per_client(spec, says):
+    from federated.flower.nodes import node_names
+
+    assert node_names("n{i}", 3) == ["n0", "n1", "n2"] and node_names(" a, b ,c", 3) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match=says):
+        node_names(spec, 3)
+
+
+def test_a_federation_of_another_size_is_refused_at_once(tmp_path):
+    """Flower's simulation sets num-partitions: 3 clients on a federation of 2 end the run in one line
+    instead of a first round that waits for a node that never comes."""
+    from federated.flower import FlowerError
+
+    with pytest.raises(FlowerError, match="the run has clients=3, but its Flower federation has "
+                                          "num-partitions=2") as refused:
+        _serve(LocalGrid(3, {"num-partitions": 2}), tmp_path)
+    assert "\n" not in str(refused.value)
