@@ -90,17 +90,27 @@ printf '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "%s
 flower-superlink "${link_flags[@]}" --host 127.0.0.1 --port "${ports[0]}" \
     --disable-runtime-dependency-installation > "$work/logs/superlink.log" 2>&1 &
 pids+=($!)
-python - "$link" <<'PY'  # wait for the SuperLink to listen
+python - "$link" "$!" <<'PY'  # wait for the SuperLink to listen (or to have exited)
 import socket, sys, time
 host, port = sys.argv[1].split(":")
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
 for _ in range(600):
     try:
         socket.create_connection((host, int(port)), timeout=1).close()
         break
     except OSError:
+        if not alive(sys.argv[2]):
+            sys.exit("flower_deploy: the SuperLink exited (logs/superlink.log)")
         time.sleep(0.1)
 else:
-    sys.exit("the SuperLink did not start")
+    sys.exit("flower_deploy: the SuperLink did not start listening (logs/superlink.log)")
 PY
 register() {  # register key $1 under the name $2 (a SuperLink with --enable-supernode-auth admits only these)
     local i
