@@ -47,7 +47,7 @@ def _deploy(tmp_path, clients, entries, **env_extra):
     finally:
         _stop(proc, work / "flwr")
     assert proc.returncode == 0, err[-4000:]
-    assert not list((tmp_path / "tmp").iterdir())  # the recipe removed what it made there
+    assert not list((tmp_path / "tmp").glob("fpsfl-deploy.*"))  # the recipe removed what it made there
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert (tmp_path / "run" / "final.pt").is_file()
     return json.loads(out.splitlines()[-1]), rows, err
@@ -71,7 +71,7 @@ def test_the_recipe_removes_only_what_it_made(tmp_path, given):
                           text=True, timeout=120)
     assert done.returncode == 1 and "the SuperLink exited" in done.stderr, done.stderr[-2000:]
     assert (work / "keep.txt").read_text() == "mine"
-    assert not list(tmp.iterdir())
+    assert not list(tmp.glob("fpsfl-deploy.*")) and not list(tmp.glob("tmp.*"))
     if given:
         assert (work / "logs" / "superlink.log").is_file()  # the logs of the failed run, for the user
 
