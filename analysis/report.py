@@ -85,7 +85,9 @@ class Table:
 
 
 def init_label(init: str) -> str:
-    """random, imagenet, or a checkpoint's file stem (``/x/fps.ckpt`` -> ``fps``)."""
+    """random, imagenet, places365, or a checkpoint's file stem (``/x/fps.ckpt`` -> ``fps``)."""
+    if init.startswith("places365:"):
+        return "places365"
     return init if init in ("random", "imagenet") else Path(init).stem
 
 
@@ -213,12 +215,19 @@ def final_entry(run: Run) -> Entry:
 
 
 def run_report(args: argparse.Namespace) -> None:
+    from . import paper  # its tables import this module
+
     runs = load_runs(args.runs)
     out = output_dir(args.out, runs)
-    tables = build_tables([final_entry(r) for r in runs])
-    markdown = to_markdown(tables)
+    entries = [final_entry(r) for r in runs]
+    if args.paper:
+        report = paper.build_paper(args.paper, entries, paper.row_map(args.row))
+        markdown, record = paper.paper_markdown(report), paper.paper_json(report)
+    else:
+        tables = build_tables(entries)
+        markdown, record = to_markdown(tables), to_json(tables)
     (out / "report.md").write_text(markdown)
-    write_json(out / "report.json", to_json(tables))
+    write_json(out / "report.json", record)
     print(markdown, end="")
     print(f"report: {out / 'report.md'}, {out / 'report.json'}", file=sys.stderr)
 
@@ -228,5 +237,13 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="federate run directories, federated and centralised (--centralized)")
+    p.add_argument("--paper", default=None, metavar="TABLE",
+                   help="lay the runs out as one of the paper's tables, the paper's number beside each cell: "
+                        "table2 | table3 | table4 | table5 | table6 | table12 | table7 | sec4.5 "
+                        "(analysis/paper.py says which runs feed which column)")
+    p.add_argument("--row", action="append", default=[], metavar="LABEL=ROW",
+                   help="with --paper: the paper's row of an init label (random, imagenet, places365 or a "
+                        "checkpoint's file stem), e.g. --row fps-resnet20=FPS (repeatable; random, imagenet "
+                        "and places365 map to Random, ImageNet and Places365 by default)")
     p.add_argument("--out", default=None, help=OUT_HELP)
     p.set_defaults(run=run_report)

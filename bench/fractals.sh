@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The renderer figures of README's Performance section: one JSON line per row, one core each.
+# The renderer figures of docs/performance.md: one JSON line per row, one core each.
 # FPS_OFFICIAL=/path/to/a/checkout of andytu28/FPS_Pre-training adds the official generator side by side
 # (bench/official_fractals.py: needs opencv importable, e.g. pip install --target DIR
 # opencv-python-headless and PYTHONPATH=DIR; `git -C MIRROR worktree add DIR` or `git archive` gives a checkout).

@@ -5,7 +5,7 @@
 # a round (CIFAR-10-shaped, --client-batch 1 and auto, FedAvg and SCAFFOLD), a 1-process torchrun
 # pre-training with an NCCL all-reduce, and Flower with num_gpus resources; one JSON file, gpu.json, in $OUT.
 #
-#   bash bench/gpu.sh              on the GPU machine (README, Performance: how to call it with the wheels)
+#   bash bench/gpu.sh              on the GPU machine (docs/performance.md, GPU verification: how to call it with the wheels)
 #   bash bench/gpu.sh --dry-run    the same steps on the CPU at tiny sizes (gloo; no install), for CI
 #
 # WHEELS (default .whl): a folder of wheels installed with pip --no-index --no-deps into /tmp/site when it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pre-training throughput (README, Performance): one JSON line per setting, from `pretrain --profile`.
+# Pre-training throughput (docs/performance.md): one JSON line per setting, from `pretrain --profile`.
 # CPU: the figure (ResNet20, 32 px, 2,048 pairs, batch 128; the whole command must take < 60 s).
 # GPU (when one is visible): ResNet20, 32 px, batch 256, bf16 autocast, channels-last, augmentations on the GPU.
 # DDP (torchrun, "processes" in each line): on CPU, 1 gloo process with every core's thread against 2 with

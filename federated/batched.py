@@ -27,6 +27,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from .aggregate import State
 from .algorithms import ClientContext, FedAvg
+from .datasets.stream import chunks, fetch
 from .local import CHECK_EVERY, DivergenceError
 from .tasks import Task
 
@@ -124,14 +125,13 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
     shared = algo.shared_tensors(jobs[0].ctx)
     opt = StackedOptimizer(params, optimizer, lr, momentum, weight_decay)
     step = _vmapped_step(fm, algo)
-    for t in range(max(len(job.batches) for job in jobs)):
-        active = [k for k, job in enumerate(jobs) if t < len(job.batches)]
-        sizes = {k: len(jobs[k].batches[t]) for k in active}
-        for size in sorted(set(sizes.values())):  # clients whose batch has this size step together
-            group = [k for k in active if sizes[k] == size]
+    plan = _step_groups(jobs)
+    # every step's input images in the order the loop below uses them (streamed datasets: decoded ahead)
+    images = fetch(x, [jobs[k].batches[t] for t, groups in plan for group in groups for k in group])
+    for t, groups in plan:
+        for group in groups:  # clients whose batch at step t has one size step together
             rows = None if len(group) == len(jobs) else torch.tensor(group)
-            inputs, targets = zip(*(task.train_inputs(x[jobs[k].batches[t].to(x.device)],
-                                                      y[jobs[k].batches[t].to(x.device)],
+            inputs, targets = zip(*(task.train_inputs(next(images), y[jobs[k].batches[t].to(y.device)],
                                                       jobs[k].aug_gen, jobs[k].noise) for k in group),
                                   strict=True)
             p, b = _select(params, rows), _select(buffers, rows)
@@ -152,6 +152,16 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
     _check_finite(jobs)
     return [{**{n: v[k] for n, v in params.items()}, **{n: v[k] for n, v in buffers.items()}}
             for k in range(len(jobs))]
+
+
+def _step_groups(jobs: list[ClientJob]) -> list[tuple[int, list[list[int]]]]:
+    """(step t, the groups of clients stepping together at t): the clients that still have a batch at t,
+    grouped by its size (a last partial batch steps in its own group), smaller sizes first."""
+    plan = []
+    for t in range(max(len(job.batches) for job in jobs)):
+        sizes = {k: len(job.batches[t]) for k, job in enumerate(jobs) if t < len(job.batches)}
+        plan.append((t, [[k for k in sizes if sizes[k] == size] for size in sorted(set(sizes.values()))]))
+    return plan
 
 
 def _stack(model: nn.Module, starts: list[State]) -> tuple[State, State]:
@@ -194,7 +204,7 @@ def evaluate_batched(model: nn.Module, task: Task, states: list[State], x: Tenso
     stacked = {k: _vmap_layout(torch.stack([s[k] for s in states])) for k in states[0]}
     run = vmap(lambda state, inputs: fm.frozen(state, inputs), in_dims=(0, None))
     correct = torch.zeros(len(states), device=x.device)
-    for start in range(0, len(x), batch_size):
-        inputs, target = task.eval_inputs(x[start:start + batch_size], y[start:start + batch_size])
+    for images, labels in chunks(x, y, batch_size):
+        inputs, target = task.eval_inputs(images, labels)
         correct += (run(stacked, _vmap_layout(inputs)).argmax(-1) == target).sum(-1)
     return (correct / max(len(x), 1)).tolist()

@@ -5,7 +5,9 @@
   federate --dataset cifar10 --data-root ~/data --init fps.ckpt --centralized --out runs/c10-fps-cl
   federate ... --algo scaffold | fedprox --set mu=0.1 | fedavgm --set beta=0.9 | fedvc | fedir | ...
   federate export-partitions --clients 10 --alpha 0.1 --out shards/   one .npz per client + manifest.json,
-                                          for Flower SuperNodes that hold only their own data (README, Flower)
+                                          for Flower SuperNodes that hold only their own data (docs/flower.md)
+  federate self-pretrain --alpha 0.1 --out sp.ckpt     federated self-supervised pre-training (Orchestra, §5)
+                                          on the clients' own images; then federate --alpha 0.1 --init sp.ckpt
 
 A run directory holds config.json, metrics.jsonl (one line a round), partition.json/.png, state.pt (for
 --resume) and final.pt. Defaults follow the paper: 10 clients, alpha 0.3, full participation, 5 local
@@ -128,7 +130,7 @@ def build_export_parser() -> argparse.ArgumentParser:
         "one client-NNNN.npz per client (its training images, labels and positions in the "
         "training set) and manifest.json (the settings, client sizes and each shard's "
         "sha256). A Flower SuperNode started with --node-config \"partition-id=I "
-        "data-dir=DIR\" then loads only shard I (README, Flower).", 100))
+        "data-dir=DIR\" then loads only shard I (docs/flower.md).", 100))
     data_fields = tuple(f.name for f in dataclasses.fields(FederateConfig)
                         if f.metadata.get("group") in ("data", "partition")) + ("seed",)
     add_settings(p, FederateConfig, only=tuple(n for n in data_fields if n != "input_size"))
@@ -149,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings(p, FederateConfig, groups=groups)
     add_partition_flags(p, groups)
     add_set_flag(groups["federated training"], "an algorithm setting, e.g. --set mu=0.1 (repeatable; see "
-                                               "README)")
+                                               "docs/federated.md)")
     add_settings(p, TrackConfig, groups=groups)
     add_settings(p, RunOptions, groups=groups)
     p.set_defaults(run=cmd_federate)
@@ -161,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["export-partitions"]:
         return run_main("federate export-partitions", build_export_parser(), argv[1:], errors)
+    if argv[:1] == ["self-pretrain"]:  # imported here: federate's own start-up never loads it
+        from .selfsup.cli import build_parser as build_self_pretrain_parser
+
+        return run_main("federate self-pretrain", build_self_pretrain_parser(), argv[1:], errors,
+                        (DivergenceError,))
     return run_main("federate", build_parser(), argv, errors, (DivergenceError, FlowerError))
 
 

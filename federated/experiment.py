@@ -39,10 +39,22 @@ class FederateConfig:
     # data
     dataset: str = setting("digits", lambda: " | ".join(DATASETS), group="data",
                            default_text="digits, embedded, no download")
-    data_root: str | None = setting(None, "folder holding the dataset (see README: preparing datasets)",
+    data_root: str | None = setting(None, "folder holding the dataset (docs/federated.md: datasets)",
                                     group="data")
     download: bool = setting(False, "let torchvision download CIFAR (needs a network)", group="data")
-    split_csv: str | None = setting(None, "inat-geo: the GEO-10K/GEO-3K client split CSV", group="data")
+    split_csv: str | None = setting(None, "inat-geo: the GEO-10K/GEO-3K client split CSV (Hsu et al.'s "
+                                          "federated_train_geo_*.csv)", group="data")
+    test_csv: str | None = setting(None, "inat-geo: the test split CSV (Hsu et al.'s test.csv, image_id and "
+                                         "class), the global test set of Table 4", group="data",
+                                   default_text="none: 10% of each client's images are held out")
+    decode: str = setting("auto", "folder images held in memory or decoded from their files batch by batch "
+                                  "by DataLoader workers: auto (stream when they would take over half the "
+                                  "available memory, and inat-geo always) | memory | stream", group="data",
+                          choices=("auto", "memory", "stream"))
+    verify: bool = setting(True, "do not check CIFAR's files against their published md5 sums (for a "
+                                 "CIFAR-format folder that is not the published data, e.g. the recipes' "
+                                 "smoke data)",
+                           flag="--no-verify", group="data")
     store_size: int | None = setting(None, "px side images are held at in memory", within="[1, inf)",
                                      group="data", default_text="per dataset")
     input_size: int | None = setting(None, "px side the model sees", within="[1, inf)", group="data",
@@ -87,7 +99,7 @@ class FederateConfig:
                                        within="[1, inf)", metavar="K", group="federated training",
                                        default_text="auto: all of a round's clients on a GPU, 1 on a CPU, "
                                                     "where more is refused: it cannot equal 1 there "
-                                                    "(README: Vectorised clients)")
+                                                    "(docs/performance.md: Vectorised clients)")
     amp: bool = setting(False, "bf16 autocast in local training and evaluation (for a GPU's tensor cores; "
                                "results differ from float32 ones slightly)", group="federated training")
     centralized: bool = setting(False, "train centrally on the union of the clients, rounds x local-epochs "
@@ -102,8 +114,9 @@ class FederateConfig:
                                default_text="resnet20 at 32 px, resnet18 at 224 px, mobilenet_v2 for "
                                             "cityscapes, as in the paper")
     width: float = setting(1.0, "CIFAR ResNet width multiplier (Fig. 5)", within="(0, inf)", group="model")
-    init: str = setting("random", "random | imagenet | fps-resnet20 (shipped) | PATH.ckpt from pretrain",
-                        group="model")
+    init: str = setting("random", "random | imagenet | places365:FILE (the Places365 project's "
+                                  "resnet18_places365.pth.tar) | fps-resnet20 (shipped) | PATH.ckpt from "
+                                  "pretrain", group="model")
     init_format: str = setting("fpsfl", "torchvision: --init is a plain state dict (e.g. Places365 weights)",
                                choices=("fpsfl", "torchvision"), group="model")
     # run

@@ -1,9 +1,12 @@
 """Initialising the global model: random, an fpsfl pre-training checkpoint, or ImageNet/Places365 weights.
 
 Chen et al., ICLR 2023 compare random initialisation with pre-training on ImageNet, Places365 and
-synthetic FPS data (§4.2, §4.5). ``--init`` is ``random``, a ``pretrain`` checkpoint path, or ``imagenet``
-(torchvision weights from the local torch hub cache: there is no download here); ``--init-format
-torchvision`` reads a plain state-dict file instead, e.g. the Places365 ResNet18 weights.
+synthetic FPS data (§4.2, §4.5). ``--init`` is ``random``, a ``pretrain`` checkpoint path, ``imagenet``
+(torchvision weights from the local torch hub cache: there is no download here), or ``places365:FILE``: the
+Places365 project's ``resnet18_places365.pth.tar`` as it publishes it (Zhou et al. 2017; a dict whose
+``state_dict`` has ``module.``-prefixed keys of a torchvision ResNet18 with a 365-way ``fc``), the init
+Chen et al. use for Tiny-ImageNet to avoid ImageNet's overlap with it (§4.1). ``--init-format torchvision``
+reads any plain state-dict file instead.
 """
 
 from __future__ import annotations
@@ -65,6 +68,34 @@ class InitError(ValueError):
     """An initialisation that cannot be used; the message is one line."""
 
 
+PLACES365 = "places365:"  # --init places365:FILE, the Places365 project's published ResNet18 file
+PLACES365_CLASSES = 365  # its fc's outputs: the file must be the Places365 classifier, not any ResNet18
+
+
+def places365_file(init: str) -> Path | None:
+    """The FILE of ``--init places365:FILE`` (None for any other --init)."""
+    return Path(init[len(PLACES365):]).expanduser() if init.startswith(PLACES365) else None
+
+
+def places365_state(path: Path) -> dict[str, torch.Tensor]:
+    """The backbone state of the Places365 project's file: ``{"state_dict": {"module.conv1.weight": ...,
+    "module.fc.weight": (365, 512), ...}, ...}`` (the epoch, arch and best accuracy beside it are ignored).
+    Anything else is refused in one line: a plain ResNet18 file loads with --init-format torchvision."""
+    record = load_weights_only(path, "Places365 ResNet18 file (resnet18_places365.pth.tar)", InitError)
+    state = record.get("state_dict") if isinstance(record, dict) else None
+    if not isinstance(state, dict):
+        raise InitError(f"--init places365:{path}: no 'state_dict' entry, so not the Places365 project's "
+                        f"resnet18_places365.pth.tar (a plain state dict loads with --init-format "
+                        f"torchvision)")
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    fc = state.get("fc.weight")
+    if not isinstance(fc, torch.Tensor) or fc.shape[0] != PLACES365_CLASSES:
+        shape = tuple(fc.shape) if isinstance(fc, torch.Tensor) else None
+        raise InitError(f"--init places365:{path}: its fc.weight is {shape}, not the Places365 classifier's "
+                        f"{PLACES365_CLASSES} outputs")
+    return state
+
+
 def _plain_state(path: Path) -> dict[str, torch.Tensor]:
     """A state dict from a plain weights file; unwraps {"state_dict": ...} and DataParallel prefixes."""
     state = load_weights_only(path, "plain state-dict file (weights_only=True)", InitError)
@@ -75,9 +106,11 @@ def _plain_state(path: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
-def load_plain(backbone: nn.Module, path: Path, arch: str) -> list[str]:
-    """Load the backbone's tensors from a torchvision-style state dict; classifier keys are skipped."""
-    state = _plain_state(path)
+def load_plain(backbone: nn.Module, path: Path, arch: str,
+               state: dict[str, torch.Tensor] | None = None) -> list[str]:
+    """Load the backbone's tensors from a torchvision-style state dict (``path``'s unless ``state`` is
+    given); classifier keys are skipped."""
+    state = _plain_state(path) if state is None else state
     own = backbone.state_dict()
     usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     missing = sorted(set(own) - set(usable))
@@ -104,7 +137,7 @@ def init_file(init: str) -> Path | None:
     """The file behind ``--init`` (None for random and imagenet); InitError if it does not exist."""
     if init in ("random", "imagenet"):
         return None
-    path = shipped_path(init) if init in SHIPPED else Path(init)
+    path = places365_file(init) or (shipped_path(init) if init in SHIPPED else Path(init))
     if not path.is_file():
         raise InitError(f"--init {init}: no such file (use random, imagenet, {', '.join(SHIPPED)} or a "
                         f"checkpoint path)")
@@ -130,10 +163,31 @@ def init_sha256(init: str) -> str | None:
 def pretraining_size(init: str, init_format: str = "fpsfl") -> int | None:
     """The input side a ``pretrain`` checkpoint was pre-trained at (its config's ``pretrain.size``), or None
     for random, imagenet, a plain state dict, or a checkpoint that does not say."""
-    if init_format != "fpsfl" or init in ("random", "imagenet"):
+    if init_format != "fpsfl" or init in ("random", "imagenet") or places365_file(init):
         return None
     size = load_checkpoint(init_file(init))["config"].get("pretrain", {}).get("size")
     return int(size) if isinstance(size, int) else None
+
+
+def check_partition(init: str, init_format: str, settings: dict, sha256: str | None = None) -> None:
+    """Refuse (one line) an ``--init`` checkpoint of federated self-pre-training (``federate self-pretrain``,
+    Chen et al. §5) that saw another partition of the clients' data than this run's: other ``settings``
+    (:func:`federated.shards.partition_settings`), or, given ``sha256``, other client sample indices
+    (:func:`federated.partitions.indices_sha256`). Checkpoints that record no partition pass."""
+    if init_format != "fpsfl" or init in ("random", "imagenet"):
+        return
+    record = load_checkpoint(init_file(init))["config"].get("partition")
+    if not isinstance(record, dict):
+        return
+    theirs = record.get("settings", {})
+    changed = sorted(k for k in settings.keys() | theirs.keys() if settings.get(k) != theirs.get(k))
+    if changed:
+        diffs = ", ".join(f"{k} {theirs.get(k)!r} (this run: {settings.get(k)!r})" for k in changed)
+        raise InitError(f"--init {init} was self-pre-trained on another partition of the clients' data: "
+                        f"{diffs}; give federate the data and partition flags (and --seed) of that run")
+    if sha256 is not None and record.get("indices_sha256") not in (None, sha256):
+        raise InitError(f"--init {init} was self-pre-trained with these partition settings but on other "
+                        f"client samples (the indices' sha256 differ: has the dataset changed?)")
 
 
 def check_init(arch: str, width: float, init: str, init_format: str = "fpsfl") -> None:
@@ -153,6 +207,9 @@ def initialise(backbone: nn.Module, arch: str, width: float, init: str, init_for
         names = load_plain(backbone, imagenet_path(arch), arch)
         return f"ImageNet weights (torchvision): {len(names)} backbone tensors loaded"
     path = init_file(init)
+    if places365_file(init):
+        names = load_plain(backbone, path, arch, places365_state(path))
+        return f"Places365 ResNet18 ({path}): {len(names)} backbone tensors loaded"
     if init_format == "torchvision":
         names = load_plain(backbone, path, arch)
         return f"{path} (torchvision state dict): {len(names)} backbone tensors loaded"

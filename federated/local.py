@@ -2,7 +2,8 @@
 
 Chen et al., ICLR 2023, §4.2 / Appendix B.1: SGD with momentum 0.9 and weight decay 1e-4 for E local
 epochs over the client's data in mini-batches. Data sit on the training device as uint8; each batch is
-indexed, augmented and normalised there (:mod:`federated.tasks`).
+indexed, augmented and normalised there (:mod:`federated.tasks`); streamed datasets (iNat-GEO) are decoded
+batch by batch ahead of use (:mod:`federated.datasets.stream`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from .algorithms import ClientContext, FedAvg
+from .datasets.stream import fetch
 from .tasks import Task
 
 CHECK_EVERY = 8  # steps between finiteness checks (each synchronises a GPU; NaN arithmetic is slow on CPU)
@@ -48,9 +50,8 @@ def local_train(model: nn.Module, optimizer: torch.optim.Optimizer, algo: FedAvg
     :func:`epoch_batches`); returns the mean training loss. Augmentation is drawn from ``aug_gen``."""
     model.train()
     total, count = torch.zeros((), device=x.device), 0
-    for batch in batches:
-        batch = batch.to(x.device)
-        inputs, targets = task.train_inputs(x[batch], y[batch], aug_gen, noise)
+    for batch, images in zip(batches, fetch(x, batches), strict=True):  # streamed images: decoded ahead
+        inputs, targets = task.train_inputs(images, y[batch.to(y.device)], aug_gen, noise)
         loss = algo.local_loss(ctx, model, task, inputs, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -69,7 +69,7 @@ def _bn_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
 def client_batch(cfg: FederateConfig, task, device: torch.device, clients: int) -> tuple[int, str]:
     """How many clients train together (1: one after another), and a note when that differs from what
     was asked. auto: every client of the round on a GPU; one at a time on a CPU, where the vectorised
-    engine measured slower (README, Performance: grouped convolutions are slower than separate ones)."""
+    engine measured slower (docs/performance.md: grouped convolutions are slower than separate ones)."""
     asked = cfg.client_batch
     if asked is None:
         return (clients if device.type == "cuda" else 1), ""
@@ -84,7 +84,7 @@ def check_client_batch(cfg: FederateConfig, device: torch.device) -> None:
     the vectorised clients cannot equal it. They compute the same steps (float64: 1e-17 a step) but vmap's
     grouped convolutions round differently, and local training amplifies rounding about 10x a step on
     digits' preset; after one demo round the weights are 2.5% apart (relative L2), as far as a 1e-7 nudge
-    of the initial weights moves the sequential run (README: Vectorised clients)."""
+    of the initial weights moves the sequential run (docs/performance.md: Vectorised clients)."""
     if cfg.client_batch is not None and cfg.client_batch > 1 and device.type == "cpu" and not cfg.centralized:
         raise ValueError(f"--client-batch {cfg.client_batch} on a CPU: vectorised clients round differently "
                          f"from one-at-a-time ones and local training amplifies it, so the run would not be "

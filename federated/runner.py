@@ -24,11 +24,13 @@ from fpsfl.base.rundir import RunDir, RunDirError
 from .algorithms import ALGORITHMS
 from .datasets import DATASETS, ImageData
 from .experiment import FederateConfig, RunOptions
-from .initialisation import check_init, init_sha256, pretraining_size
+from .initialisation import check_init, check_partition, init_sha256, pretraining_size
 from .local import DivergenceError, make_optimizer
 from .oracle.tracking import Tracker
+from .partitions.report import check_partition_report
 from .rounds import Dispatch, centralized_round, check_client_batch, client_batch, train_round
 from .setup import Setup, setup, write_partition
+from .shards import partition_settings
 
 FINAL_FORMAT = "fpsfl-federated/1"
 DIVERGE_FACTOR = 100.0  # see check_divergence
@@ -53,15 +55,18 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
         check_client_batch(cfg, device)  # before anything is written
     rundir = RunDir(opts.out)
     with rundir.session(opts.resume):  # before the (slow) data loading, and before anything is written
+        resume = opts.resume and rundir.has_state()  # else a --resume starts a run killed before its state
         if opts.resume:
             cfg = _as_started(cfg, rundir)
+        if resume:
             _check_engine(rundir, opts.engine, cfg.algo)
         else:
             check_init(cfg.arch, cfg.width, cfg.init, cfg.init_format)  # a bad --init fails before the data
+            check_partition(cfg.init, cfg.init_format, partition_settings(cfg))
             cfg, size_note = _input_size(cfg)
             if size_note and opts.progress:
                 tqdm.write(size_note)
-        s = setup(cfg, device, data, load_init=not opts.resume)  # a resumed run's model is in state.pt
+        s = setup(cfg, device, data, load_init=not resume)  # a resumed run's model is in state.pt
         if host is not None:
             return host(cfg, lambda dispatch: _rounds(s, cfg, opts, rundir, device, dispatch))
         return _rounds(s, cfg, opts, rundir, device)
@@ -94,14 +99,18 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
               "init_sha256": init_sha256(cfg.init), "engine": opts.engine}
     optimizer = make_optimizer(s.model, cfg.resolved_optimizer(), cfg.resolved_lr(), cfg.momentum,
                                cfg.weight_decay)
-    if opts.resume:
+    if rundir.has_state():  # (a --resume: a new run refuses a directory with a state)
         state = _load_resumable(rundir, config, cfg)
+        check_partition_report(rundir.path, [p.numpy() for p in s.parts])
         s.model.load_state_dict(state["model"])
         s.algo.load_state_dict(state["algo"])
         if cfg.centralized:
             optimizer.load_state_dict(state["optimizer"])
         start, norm0 = int(state["done"]), float(state["norm0"])
     else:
+        if opts.resume:  # killed before its first state: started again once the settings match
+            _check_settings(rundir, config, cfg)
+            rundir.start_again(config, compare=())
         rundir.create(config, opts)
         start, norm0 = 0, param_norm(s.model)
     write_partition(rundir.path, cfg, s)
@@ -158,7 +167,13 @@ def model_device(s: Setup) -> torch.device:
 
 
 def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:
-    """The saved state, once the settings match the saved ones. The --init path is not compared (the
+    """The saved state, once the settings match the saved ones (:func:`_check_settings`)."""
+    _check_settings(rundir, config, cfg)
+    return rundir.load_state(config, compare=())
+
+
+def _check_settings(rundir: RunDir, config: dict, cfg: FederateConfig) -> None:
+    """Refuse a --resume with other settings than the saved run's. The --init path is not compared (the
     state holds the model): a moved init file resumes, a different file with the same name does not."""
     saved, mine = rundir.saved_config(), plain(config)
     for part in ("federate", "algo"):
@@ -174,7 +189,6 @@ def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:
     if recorded and now and recorded != now:
         raise RunDirError(f"--resume: --init {cfg.init} is not the file this run started from (its sha256 "
                           f"differs from the one in {rundir.config_path})")
-    return rundir.load_state(config, compare=())
 
 
 def _check_engine(rundir: RunDir, engine: str, algo: str) -> None:

@@ -16,9 +16,9 @@ from pretrain.backbones import create_backbone
 from .algorithms import ALGORITHMS, FedAvg
 from .datasets import DataConfig, ImageData, load_dataset
 from .experiment import FederateConfig
-from .initialisation import initialise
-from .partitions import partition, write_partition_report
-from .shards import Shard
+from .initialisation import check_partition, initialise
+from .partitions import indices_sha256, partition, write_partition_report
+from .shards import Shard, partition_settings
 from .tasks import TASKS, Task
 
 
@@ -48,6 +48,9 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
         sizes, counts = list(shard.manifest["sizes"]), np.asarray(shard.manifest["class_counts"])
         parts = [torch.zeros(0, dtype=torch.long) for _ in sizes]
         parts[shard.client] = torch.arange(len(data.train_y))
+    if load_init:  # a self-pre-trained --init must have seen these clients' data (a node: its settings)
+        check_partition(cfg.init, cfg.init_format, partition_settings(cfg),
+                        indices_sha256(parts) if shard is None else None)
     # the CL baseline trains plain SGD on the pooled data: client and server steps have no meaning there
     algo_cls = FedAvg if cfg.centralized else ALGORITHMS[cfg.algo]
     missing = algo_cls.requires - task.provides
@@ -75,6 +78,7 @@ def partitioned(cfg: FederateConfig,
     if data is None:
         data = load_dataset(DataConfig(name=cfg.dataset, root=cfg.data_root, download=cfg.download,
                                        store_size=cfg.store_size, split_csv=cfg.split_csv,
+                                       test_csv=cfg.test_csv, decode=cfg.decode, verify=cfg.verify,
                                        val_fraction=cfg.val_fraction, seed=cfg.seed))
     task = TASKS[data.task](data, cfg)
     labels = task.sample_labels(data.train_y).numpy()

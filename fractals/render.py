@@ -4,7 +4,7 @@ Chen et al., ICLR 2023, §4.2 and Appendix A.1.2 (FPS): every instance of a code
 chaos game, coloured in HSV, flipped, resized to U(0.45, 0.75) of the canvas, placed (up to a quarter
 off-canvas) and composited on black; each view is then blurred with p = 0.5.
 
-Speed comes from three choices (see README, Performance):
+Speed comes from three choices (see docs/performance.md):
 - The view region must fit the points' bounding box, so the chains' points go to a scratch buffer while the
   box is tracked, and a second pass rasterises them. The 3x3 patch is then gathered, not scattered, into
   the counts that the colouring pass reads, with the peak count found on the way.

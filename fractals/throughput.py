@@ -1,4 +1,4 @@
-"""Throughput of the FPS pair stream: the figures of the README's Performance section.
+"""Throughput of the FPS pair stream: the renderer figures of docs/performance.md.
 
 What is timed is exactly what pre-training consumes: batches from :class:`FractalStream` (code sampling,
 rendering, colouring, placement, blur, uint8 conversion and, with ``augs``, the image-level augmentations on

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from fpsfl.base.checkpoint import CheckpointError
+from fpsfl.base.checkpoint import CheckpointError, load_checkpoint
 from fpsfl.base.cli import (
     Parser,
     UsageError,
@@ -73,8 +73,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     check_backbone(cfg.arch, cfg.width, cfg.size)
     opts = RunOptions(**settings_from(args, RunOptions))
     out = opts.out or Path(f"{args.command}-{cfg.arch.replace(':', '-')}.ckpt")
-    writable_file(out)
     opts = dataclasses.replace(opts, out=out, run_dir=opts.run_dir or default_run_dir(out))
+    check_apart(out, opts.run_dir)
+    writable_file(out)
     last = train(cfg, opts)
     if not distributed.from_env().main:  # under torchrun only rank 0 reports
         return
@@ -83,9 +84,18 @@ def cmd_train(args: argparse.Namespace) -> None:
         setting = {k: getattr(cfg, k) for k in ("arch", "size", "batch_size", "method", "amp")}
         print(json.dumps({"profile": {k: last.get(k) for k in keys}, **setting,
                           "device": device_name(opts.device), "processes": distributed.from_env().world}))
-    epoch, loss = last.get("epoch", cfg.epochs), last.get("loss", float("nan"))
+    epoch, loss = load_checkpoint(out)["epoch"], last.get("loss", float("nan"))  # the file's own epoch
     print(f"wrote {out} ({cfg.arch}, {method} on {source}, epoch {epoch}/{cfg.epochs}, loss {loss:.4f}); "
           f"run directory {opts.run_dir}")
+
+
+def check_apart(out: Path, run_dir: Path) -> None:
+    """--out must lie outside --run-dir: inside it, it could replace state.pt or config.json, and the two
+    must not be one path."""
+    out_abs, run_abs = out.expanduser().resolve(), run_dir.expanduser().resolve()
+    if out_abs == run_abs or run_abs in out_abs.parents:
+        where = "is" if out_abs == run_abs else "lies inside"
+        raise UsageError(f"--out {out} {where} the run directory {run_dir}; put the checkpoint outside it")
 
 
 def _add_source_command(sub, name: str) -> None:
@@ -100,7 +110,7 @@ def _add_source_command(sub, name: str) -> None:
     p.add_argument("--lr", type=float, default=None,
                    help="base learning rate per 256 samples, scaled with the batch (default: the method's; "
                         + ", ".join(f"{m} {METHODS[m].Config().lr}" for m in spec.methods) + ")")
-    add_set_flag(p, "a method setting, e.g. --set temperature=0.1 (repeatable; see README)")
+    add_set_flag(p, "a method setting, e.g. --set temperature=0.1 (repeatable; see docs/pretraining.md)")
     add_settings(p, RunOptions)
     p.set_defaults(run=cmd_train)
 

@@ -142,8 +142,10 @@ def load_image(path: str, size: int) -> np.ndarray:
         raise FolderError(f"cannot read image {path!r}: {type(e).__name__}: {e}".replace("\n", " ")) from e
 
 
-class _Batches(Dataset):
-    """Indexed by a list of image indices; returns the whole decoded batch (one worker decodes one batch).
+class BatchDecoder(Dataset):
+    """Indexed by a list of image indices; returns the whole decoded batch (one worker decodes one batch):
+    ``{"images": uint8 (1, B, S, S, 3)}`` (+ ``"labels"``), or ``{"error": message}`` for an unreadable file.
+    Also the decoder of ``federate``'s streamed datasets (:mod:`federated.datasets.stream`).
 
     The paths live in one byte buffer plus offsets rather than a list of str: forked workers reading a
     Python list touch refcounts and so copy its pages, which for ~1M paths costs ~100 MB per worker.
@@ -176,7 +178,8 @@ class _Batches(Dataset):
         return out
 
 
-def _identity(batch: dict) -> dict:
+def identity(batch: dict) -> dict:
+    """The DataLoader collate of :class:`BatchDecoder`, whose items are already whole batches."""
     return batch
 
 
@@ -198,7 +201,7 @@ class FolderSource:
         if cfg.drop_last and self.n_images < cfg.batch_size:
             raise FolderError(f"{self.n_images} images in {cfg.root!r} is fewer than one batch of "
                               f"{cfg.batch_size}; use a smaller --batch-size")
-        self.dataset = _Batches(paths, labels, cfg.size, cfg.labelled)
+        self.dataset = BatchDecoder(paths, labels, cfg.size, cfg.labelled)
 
     def __len__(self) -> int:
         n, b = self.n_images, self.cfg.batch_size
@@ -221,7 +224,7 @@ class FolderSource:
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
         """The batches of ``epoch`` in order; raises :class:`FolderError` on the first unreadable image."""
         loader = DataLoader(self.dataset, batch_size=None, sampler=self.my_order(epoch),
-                            num_workers=self.workers, collate_fn=_identity, pin_memory=False)
+                            num_workers=self.workers, collate_fn=identity, pin_memory=False)
         for batch in loader:
             if "error" in batch:
                 raise FolderError(batch["error"])

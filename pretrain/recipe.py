@@ -36,6 +36,10 @@ class PretrainConfig:
     method_args: dict[str, Any] = setting(default_factory=dict, cli=False)  # --set / --lr overrides
     root: str | None = setting(None, "image folder (images: searched recursively; supervised: "
                                      "ROOT/<class>/<image>)", group="folder")
+    format: str = setting("folder", "what --root holds: folder (image files) | imagenet32 (Chrabaszcz et "
+                                    "al. 2017's down-sampled ImageNet as published: pickled "
+                                    "train_data_batch_1..10, 1-based labels; the paper's ResNet20 'ImageNet' "
+                                    "init, §4.2)", choices=("folder", "imagenet32"), group="folder")
     bank: str | None = setting(None, "IFS code bank .npz from `fractals bank`", group="fractal",
                                default_text="the paper's 100K codes sampled from --seed")
     look: str = setting("paper", "how fractals are rendered: paper (the official generator's: full-canvas "

@@ -8,23 +8,28 @@ so the CPU side only renders or decodes.
 - ``fractal-single``: one fractal per image, both views from image-level augmentation ("fractal + SimSiam").
 - ``multilabel``: multi-label fractal images over J codes (Anderson & Farrell 2022).
 - ``images``: any image folder, two augmented views (e.g. StyleGAN-generated images, Table 6).
-- ``supervised``: a labelled ``ROOT/<class>/`` folder (ImageNet-32 or Places365 stand-ins, §4.5).
+- ``supervised``: a labelled ``ROOT/<class>/`` folder, or down-sampled ImageNet 32 x 32 in its published
+  pickles (``--format imagenet32``, :mod:`pretrain.imagenet32`): the ResNet20 "ImageNet" init of §4.2.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader
 
+from fpsfl.base.files import file_sha256
 from fractals.ifs import bank_or_sample
 from fractals.scenes import RenderConfig
 from fractals.stream import FractalStream, StreamConfig
 
 from .folder import FolderConfig, FolderSource
+from .imagenet32 import ImageNet32Source
 from .recipe import PretrainConfig
 
 HELD_OUT_EPOCH = 2**31 - 1  # the stream's epoch index of the held-out batch (runs have fewer epochs)
@@ -40,6 +45,12 @@ class FractalSource:
         self.stream = FractalStream(bank, render, stream_cfg)
         self.workers, self.pin_memory = workers, pin_memory
         self.n_classes = cfg.n_classes if kind == "multilabel" else None
+        self.bank_path = cfg.bank
+
+    def fingerprint(self) -> dict:
+        """What decides the data beyond the config, for ``--resume`` to compare: the bank file's sha256 (a
+        regenerated bank at the same path is other data); a bank sampled from --seed has none."""
+        return {"bank_sha256": file_sha256(self.bank_path)} if self.bank_path else {}
 
     def __len__(self) -> int:
         return len(self.stream)
@@ -64,14 +75,28 @@ class FractalSource:
 
 
 class ImageSource:
-    """An image folder (:class:`pretrain.folder.FolderSource`), with labels or without."""
+    """An image folder (:class:`pretrain.folder.FolderSource`) or down-sampled ImageNet's pickles
+    (:class:`pretrain.imagenet32.ImageNet32Source`), with labels or without."""
 
     def __init__(self, cfg: PretrainConfig, labelled: bool, workers: int):
         if not cfg.root:
             raise ValueError(f"source {cfg.source!r} needs --root DIR (an image folder)")
-        self.folder = FolderSource(FolderConfig(root=cfg.root, size=cfg.size, batch_size=cfg.batch_size,
-                                                labelled=labelled, seed=cfg.seed), workers=workers)
+        folder = FolderConfig(root=cfg.root, size=cfg.size, batch_size=cfg.batch_size, labelled=labelled,
+                              seed=cfg.seed)
+        kind = ImageNet32Source if cfg.format == "imagenet32" else FolderSource
+        self.folder = kind(folder, workers=workers)
         self.n_classes = len(self.folder.classes) if labelled else None
+
+    def fingerprint(self) -> dict:
+        """The image list for ``--resume`` to compare: a sha256 of every image's path under the root (its
+        class folder included) and size in bytes, in the scan's order; contents are not read (a resume
+        would read the whole folder), so an image edited in place to the same size goes unnoticed."""
+        root, data = os.path.expanduser(self.folder.cfg.root), self.folder.dataset
+        h = hashlib.sha256()
+        for i in range(len(data)):
+            path = data.path(i)
+            h.update(f"{os.path.relpath(path, root)}\0{os.path.getsize(path)}\n".encode())
+        return {"images": len(data), "images_sha256": h.hexdigest()}
 
     def __len__(self) -> int:
         return len(self.folder)
@@ -104,5 +129,6 @@ SOURCES: dict[str, SourceSpec] = {
     "images": SourceSpec(lambda c, w: ImageSource(c, False, w), ("simsiam", "mocov2"),
                          "any image folder, two augmented views (e.g. StyleGAN images)", ("folder",)),
     "supervised": SourceSpec(lambda c, w: ImageSource(c, True, w), ("supervised",),
-                             "a labelled ROOT/<class>/ image folder, cross-entropy (§4.5)", ("folder",)),
+                             "a labelled ROOT/<class>/ image folder, or down-sampled ImageNet's pickles "
+                             "(--format imagenet32), cross-entropy (§4.2)", ("folder",)),
 }

@@ -2,10 +2,10 @@
 
 SGD with momentum, a per-epoch cosine learning-rate schedule (groups marked ``fixed_lr`` keep their rate,
 as SimSiam's predictor), image-level augmentation on the training device, optional bf16 autocast and
-channels-last on CUDA. After every epoch it appends a line to ``metrics.jsonl``, writes the training state
-(``state.pt``: weights, optimiser, memory bank, CPU and CUDA RNG states) and the backbone checkpoint, each
-atomically, so a crash loses at most the epoch in progress and ``--resume`` continues where it stopped, bit
-for bit on CPU.
+channels-last on CUDA. After every epoch it appends a line to ``metrics.jsonl``, writes the backbone
+checkpoint and then the training state (``state.pt``: weights, optimiser, memory bank, CPU and CUDA RNG
+states), each atomically, so a crash loses at most the epoch in progress and ``--resume`` continues where it
+stopped, bit for bit on CPU (``tests/test_crash_points.py`` kills a run at each of its writes).
 
 Under ``torchrun`` (:mod:`pretrain.distributed`) the method is wrapped in DistributedDataParallel and each
 process trains on its rows of every global batch (``--batch-size`` stays the global batch). Identical for
@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import time
 from contextlib import ExitStack, nullcontext
@@ -41,6 +42,7 @@ import torch
 from tqdm import tqdm
 
 from fpsfl.base.checkpoint import atomic_save, make_checkpoint, plain, save_checkpoint
+from fpsfl.base.files import LockedError, clean_stale, lock_file, unlock_file
 from fpsfl.base.rundir import RunDir, RunDirError
 from fractals.stream import augment_views
 
@@ -52,6 +54,9 @@ from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
 from .recipe import PretrainConfig, RunOptions
 from .sources import SOURCES
 
+# what a resumed run must share with the saved one: the recipe, the method's settings, and the data (the
+# bank's or image list's hash, the steps an epoch) that the same paths may no longer hold
+RESUME_COMPARE = ("pretrain", "method", "steps_per_epoch", "data")
 _NAN_CHECK_EVERY = 16  # steps between finiteness checks (each one synchronises a GPU)
 _ONE = distributed.Dist()  # a single process
 # Tests only: train in float64, where 1 and N processes agree to ~1e-12. In float32 SimSiam's early-layer
@@ -256,21 +261,49 @@ def check_world(cfg: PretrainConfig, d: distributed.Dist) -> None:
 
 def _lock_run(run: RunDir, mode: str, opts: RunOptions, stack: ExitStack) -> bool:
     """Rank 0, before anything is built: decide whether the run resumes (``--resume auto``: if the run
-    directory holds a state), refuse an existing --out for a new run, hold the run directory's lock."""
-    resume = run.state_path.is_file() if mode == "auto" else mode == "yes"
-    if not resume and Path(opts.out).exists():
-        held = (f"{run.path} holds no training state" if mode == "auto" else
-                "pass --resume to continue its run")
-        raise RunDirError(f"--out {opts.out} already exists and is not overwritten; {held}, or choose "
-                          f"another --out")
+    directory holds a run), hold --out's lock and refuse an existing --out for a new run, hold the run
+    directory's lock."""
+    resume = (run.has_state() or run.config_path.is_file()) if mode == "auto" else mode == "yes"
+    for locked in (False, True):  # checked before the lock too, so that a refusal touches no file
+        if locked:
+            _lock_out(Path(opts.out), stack)
+        if not resume and Path(opts.out).exists():
+            held = (f"{run.path} holds no training state" if mode == "auto" else
+                    "pass --resume to continue its run")
+            raise RunDirError(f"--out {opts.out} already exists and is not overwritten; {held}, or choose "
+                              f"another --out")
     stack.enter_context(run.session(resume))
     return resume
 
 
+# the files --out's lock guards: --out and its --keep-every copies (kept_path)
+def _out_names(out: Path) -> re.Pattern:
+    return re.compile(f"{re.escape(out.name)}|{re.escape(out.stem)}\\.e\\d{{4,}}{re.escape(out.suffix)}")
+
+
+def _lock_out(out: Path, stack: ExitStack) -> None:
+    """Hold ``.NAME.lock`` beside --out for the run's life (removed at its end): two runs with one --out
+    and two run directories would otherwise both find it absent and overwrite each other's checkpoints.
+    Then remove the temporary files killed writers of --out left."""
+    lock = out.with_name(f".{out.name}.lock")
+    try:
+        fd = lock_file(lock, f"--out {out} is being written by process {{holder}}; wait for it to finish or "
+                             f"choose another --out")
+    except LockedError as exc:
+        raise RunDirError(str(exc)) from None
+    except OSError as exc:
+        raise RunDirError(f"cannot write beside --out {out}: {exc.strerror or exc}") from None
+    stack.callback(unlock_file, lock, fd)
+    clean_stale(out.parent, _out_names(out), recursive=False)
+
+
 def _start_run(run: RunDir, resume: bool, opts: RunOptions, config: dict, world: int) -> dict | None:
-    """Rank 0: create the run, or load (and check) the state it resumes from."""
+    """Rank 0: create the run, or load (and check) the state it resumes from; a run killed before its
+    first state is started again."""
+    if resume and run.has_state():
+        return run.load_state(config, compare=RESUME_COMPARE)
     if resume:
-        return run.load_state(config, compare=("pretrain", "method"))
+        run.start_again(config, compare=RESUME_COMPARE)
     run.create(config, {**asdict(opts), "world_size": world} if world > 1 else opts)
     return None
 
@@ -306,7 +339,8 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
         method = method.double()
     optimizer, base_lr = make_optimizer(method, cfg)
     config = {"pretrain": cfg.to_dict(), "method": asdict(method.cfg), "base_lr": base_lr,
-              "steps_per_epoch": len(source), "n_classes": source.n_classes}
+              "steps_per_epoch": len(source), "n_classes": source.n_classes,
+              "data": source.fingerprint() if d.main else {}}
     state = distributed.from_main(d, lambda: _start_run(run, resume, opts, config, d.world))
     _check_shared(run, d)
     start = restore(state, method, optimizer) if state is not None else 0
@@ -342,16 +376,18 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
 
 def _save(run: RunDir, record: dict, method: Method, optimizer: torch.optim.Optimizer, cfg: PretrainConfig,
           config: dict, opts: RunOptions, epoch: int) -> None:
-    """The epoch's metrics line, training state and backbone checkpoint (the SyncBatchNorm of a multi-process
-    run has BatchNorm's state_dict keys, so its checkpoint loads as one from a single process)."""
+    """The epoch's metrics line, backbone checkpoints and training state, in that order: the state marks
+    the epoch done, so it is written last, once everything of the epoch is on disk (a crash before it
+    repeats the epoch on --resume). The SyncBatchNorm of a multi-process run has BatchNorm's state_dict
+    keys, so its checkpoint loads as one from a single process."""
     run.append_metrics(record)
-    run.save_state({"done": epoch + 1, "model": method.state_dict(), "extra": method.extra_state(),
-                    "optimizer": optimizer.state_dict(), **rng_states()})
     ckpt = make_checkpoint(method.backbone, arch=cfg.arch, width=cfg.width, method=cfg.method,
                            source=cfg.source, epoch=epoch + 1, config=config)
     save_checkpoint(ckpt, opts.out)
     if opts.keep_every and (epoch + 1) % opts.keep_every == 0:
         save_checkpoint(ckpt, kept_path(opts.out, epoch + 1))
+    run.save_state({"done": epoch + 1, "model": method.state_dict(), "extra": method.extra_state(),
+                    "optimizer": optimizer.state_dict(), **rng_states()})
 
 
 def kept_path(out, epoch: int):

@@ -27,3 +27,10 @@ def test_both_quickstart_commands_set_up_from_scratch():
         assert command.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install torch==")
     assert demo.endswith("fpsfl demo --out runs/demo")
     assert tests.endswith("python -m pytest") and '".[test' in tests
+
+
+def test_ci_installs_the_docs_tools_and_builds_the_site_strictly():
+    assert "docs" in _fenced_after("ci:test").split('".[')[1].split(']"')[0].split(",")
+    run = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^\.venv/bin/mkdocs build --strict .*--site-dir \"\$site\"$", run, re.M)
+    assert run.index("mkdocs build") > run.index('bash -euo pipefail -c "$test_cmd"')

@@ -1,7 +1,11 @@
 """FedAvgM (Hsu et al. 2019, §3): server momentum on the averaged update.
 
-delta = w - avg(w_i); v <- beta v + delta; w <- w - server_lr * v (or the Nesterov form). Parameters only:
-BatchNorm statistics take the plain sample-weighted average (:meth:`FedAvg.aggregate`).
+delta = w - avg(w_i); v <- beta v + delta; w <- w - server_lr * v, or in the Nesterov form
+w <- w - server_lr * (delta + beta v). Hsu et al. "use Nesterov accelerated gradient" with a server learning
+rate held at 1.0 (§4.2), so ``nesterov=true`` is the default; ``nesterov=false`` is the heavy-ball form they
+write in the equation. Parameters only: BatchNorm statistics take the plain sample-weighted average
+(:meth:`FedAvg.aggregate`). No recipe of Chen et al. runs FedAvgM; the Fig. 4 recipe's extra algorithms
+run it as Hsu et al. did.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ class FedAvgMConfig(AlgoConfig):
                           within="[0, 1)")
     server_lr: float = setting(1.0, "server learning rate (Hsu et al. 2019: effective lr = server_lr / "
                                     "(1 - beta))", within="(0, inf)")
-    nesterov: bool = setting(False, "Nesterov form of the server momentum (as torch.optim.SGD)")
+    nesterov: bool = setting(True, "Nesterov form of the server momentum, as torch.optim.SGD (Hsu et al. "
+                                   "2019, §4.2: Nesterov accelerated gradient)")
 
 
 @ALGORITHMS.register

@@ -1,11 +1,17 @@
-"""FedVC (Hsu et al. 2020, §3.2): virtual clients of a fixed size.
+"""FedVC (Hsu et al. 2020, §5.3, Algorithm 1): virtual clients of a fixed size N_VC.
 
-Clients are selected with probability proportional to their size, and every selected client trains on the
-same number of examples k per local epoch, so that a round processes E * k examples on every client
-whatever its size. Each local epoch is a fresh draw of k of the client's examples: without replacement
-when it holds at least k, with replacement when it holds fewer (``replacement=auto``). A client of exactly
-k examples therefore trains as in FedAvg. All virtual clients weigh the same in the average. The ΔL/ΔG
-analysis (Eq. 3) still weighs clients by their real data sizes (the round loop records those).
+Clients are selected with probability proportional to their size, and "a random subset consisting of N_VC
+examples is uniformly resampled from D_i for every round the client is selected" (§5.3): without
+replacement when the client holds at least N_VC examples, with replacement when it holds fewer
+(``replacement=auto``). N_VC is one number for the whole run (§6.3 fixes it; ``examples``, 0: the mean
+client size). So every selected client trains on the same N_VC examples a round whatever its size; with E
+local epochs (Chen et al.'s E = 5, §4.2) it makes E passes over its round's draw. A client of exactly N_VC
+examples trains as in FedAvg. All virtual clients weigh the same in the average. The ΔL/ΔG analysis (Eq. 3)
+still weighs clients by their real data sizes (the round loop records those).
+
+``draw=epoch`` keeps this project's earlier reading, a fresh draw of N_VC examples every local epoch (E
+draws a round); ``draw=round``, the paper's, is the default. No recipe of Chen et al. runs FedVC; the
+Fig. 4 recipe's extra algorithms run it as Hsu et al. define it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ class FedVCConfig(AlgoConfig):
                                "setting)", within="[0, inf)")
     replacement: str = setting("auto", "draw with replacement: auto (only from a smaller client) | always | "
                                        "never", choices=("auto", "always", "never"))
+    draw: str = setting("round", "when the virtual client is drawn: round (once per round the client is "
+                                 "selected, Hsu et al. 2020 §5.3) | epoch (a fresh draw every local epoch)",
+                        choices=("round", "epoch"))
 
 
 @ALGORITHMS.register
@@ -55,8 +64,10 @@ class FedVC(FedAvg):
             return [indices] * epochs  # nothing to draw: exactly FedAvg's data
         if not replace and k > n:
             raise ValueError(f"fedvc: client {client} has {n} < {k} examples and replacement=never")
-        return [indices[torch.as_tensor(rng.choice(n, k, replace=replace), dtype=torch.long)]
-                for _ in range(epochs)]
+        def draw() -> Tensor:
+            return indices[torch.as_tensor(rng.choice(n, k, replace=replace), dtype=torch.long)]
+
+        return [draw()] * epochs if self.cfg.draw == "round" else [draw() for _ in range(epochs)]
 
     def server_update(self, global_params: State, params: list[State], results: list[ClientResult]) -> State:
         return weighted_average(params, [1.0] * len(params))

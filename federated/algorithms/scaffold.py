@@ -11,7 +11,11 @@ ICLR 2023, §4.3 / Table 9.
 for plain SGD, so option II is unchanged there. Under the paper's local momentum rho = 0.9, K steps move the
 model by about K / (1 - rho) gradients: dividing by K makes c_i ten times the mean gradient, and fed back
 through the momentum the correction grows every round until training collapses (10% accuracy on digits).
-``steps="plain"`` keeps option II's K whatever the momentum.
+``steps="plain"`` keeps option II's K whatever the momentum: Karimireddy et al. write option II for plain
+SGD, and NIID-Bench's code (momentum 0.9) divides by K. The momentum-aware default is kept for that measured
+collapse; a(K, rho) is FedNova's momentum-SGD norm, (K - rho (1 - rho^K) / (1 - rho)) / (1 - rho) (checked
+against Wang et al. 2020 in :func:`federated.aggregate.nova_norm`). Chen et al. do not run SCAFFOLD; the
+Fig. 4 recipe's extra algorithms run it with this default.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The datasets that ``federate`` fine-tunes on, looked up by name in :data:`DATASETS`.
 
-Chen et al., ICLR 2023: CIFAR-10/100 at 32 px, Tiny-ImageNet and iNaturalist-GEO at 224 px (ResNet18, §4.2,
-Table 9), and a labelled image folder for the medical images of §4.5. ``digits`` (scikit-learn's 8 x 8 digits
-upsampled to 32 px) is embedded, needs no files, and is the default for smoke runs. ``cityscapes`` is the
+Chen et al., ICLR 2023: CIFAR-10/100 at 32 px, Tiny-ImageNet at 64 px and iNaturalist-GEO at 224 px
+(ResNet18, §4.2, Tables 1, 8 and 9), and a labelled image folder for the medical images of §4.5.
+``digits`` (scikit-learn's 8 x 8 digits upsampled to 32 px) is embedded, needs no files, and is the default
+for smoke runs. ``cityscapes`` is the
 segmentation task of Table 5 (DeepLabV3+ with MobileNetV2, 18 city clients, 768 px crops): its images are
 (N, H, W, 3) at a stored height H (1024 px, full resolution, by default) and its labels (N, H, W) train ids.
 
@@ -13,7 +14,9 @@ import torchvision, scikit-learn and the like only when called, so naming the re
 
 :func:`load_dataset` returns an :class:`ImageData` held in memory as uint8 channels-last (N, S, S, 3) at the
 stored side S (32 px for CIFAR/digits, 64 px for folder datasets, to bound memory) with ``val_fraction`` of
-the training set held out (§4.2 reserves 2% for tuning). The model sees ``input_size`` px; the batch
+the training set held out (§4.2 reserves 2% for tuning). A folder dataset too large for memory (and
+iNaturalist-GEO, always) holds :class:`~federated.datasets.stream.StreamedImages` instead, decoded batch by
+batch (``--decode``; :mod:`federated.datasets.stream`). The model sees ``input_size`` px; the batch
 augmentation of :mod:`federated.tasks.transforms` crops and resizes on the device. The rule, shared by all
 datasets:
 stored images of at most 32 px are trained at 32 px (the CIFAR recipe), larger ones at the dataset's input
@@ -32,9 +35,11 @@ import torch
 from fpsfl.base.registry import Registry
 
 from .decode import DataError, Loaded
+from .stream import StreamedImages, take, wants_stream
 
 __all__ = ["DATASETS", "DataConfig", "DataError", "DatasetSpec", "ImageData", "Loaded", "Preset",
-           "input_size_for", "keep_rows", "load_dataset", "register_dataset", "split_validation"]
+           "StreamedImages", "input_size_for", "keep_rows", "load_dataset", "register_dataset",
+           "split_validation"]
 
 SMALL_SIDE = 32  # px: stored images this small are trained at 32 px (CIFAR, §4.2)
 
@@ -55,6 +60,9 @@ class DataConfig:
     download: bool = False  # torchvision download for cifar10/100 (users with a network)
     store_size: int | None = None  # px side (cityscapes: height) images are held at; None: the default
     split_csv: str | None = None  # inat-geo: the client split CSV (Hsu et al. 2020)
+    test_csv: str | None = None  # inat-geo: the test split CSV (Hsu et al.'s test.csv)
+    decode: str = "auto"  # auto | memory | stream: folder images held in memory or decoded per batch
+    verify: bool = True  # check CIFAR's files against their published md5 sums
     val_fraction: float = 0.02  # held-out share of the training set (§4.2 reserves 2% for tuning)
     seed: int = 0  # fixes the validation split
 
@@ -65,11 +73,13 @@ class DataConfig:
             raise DataError(f"store_size must be positive, got {self.store_size}")
         if self.seed < 0:
             raise DataError(f"seed must be non-negative, got {self.seed}")
+        wants_stream(self.decode, 0, 1)  # a bad mode is a DataError now
 
 
 @dataclass
 class ImageData:
-    train_x: torch.Tensor  # uint8 (N, S, S, 3), channels-last like fractal renders, S = stored side
+    train_x: torch.Tensor  # uint8 (N, S, S, 3), channels-last like fractal renders, S = stored side (or
+    # StreamedImages of that shape: files decoded per batch, federated.datasets.stream)
     train_y: torch.Tensor  # int64 (N,); segmentation: uint8 (N, H, W) train ids (images (N, H, W, 3))
     test_x: torch.Tensor  # uint8 (M, S, S, 3)
     test_y: torch.Tensor  # int64 (M,); segmentation: uint8 (M, H, W)
@@ -85,7 +95,7 @@ class ImageData:
     def to(self, device: torch.device | str) -> ImageData:
         """A copy with every tensor on ``device``."""
         moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
-                 if isinstance(getattr(self, f.name), torch.Tensor)}
+                 if isinstance(getattr(self, f.name), torch.Tensor | StreamedImages)}
         return dataclasses.replace(self, **moved)
 
 
@@ -101,6 +111,7 @@ class DatasetSpec:
     default_partition: str = "dirichlet"  # natural for datasets whose clients are given (iNat-GEO, cities)
     default_arch: str = "resnet20"  # §4.2: ResNet20 at 32 px, ResNet18 at 224 px; Table 5: MobileNetV2
     task: str = "classification"  # a key of federated.tasks.TASKS: classification | segmentation
+    streams: bool = False  # its reader can leave images as files (--decode stream)
 
 
 Reader = Callable[[DataConfig, int], Loaded]  # (config, stored side in px) -> arrays, no validation split
@@ -110,13 +121,13 @@ DATASETS: Registry[DatasetSpec] = Registry("dataset", discover="federated.datase
 
 def register_dataset(name: str, *, store_size: int, input_size: int, needs_root: bool, description: str,
                      preset: Preset, hflip: bool = True, default_partition: str = "dirichlet",
-                     default_arch: str | None = None,
-                     task: str = "classification") -> Callable[[Reader], Reader]:
+                     default_arch: str | None = None, task: str = "classification",
+                     streams: bool = False) -> Callable[[Reader], Reader]:
     """Decorator of a reader ``read(cfg, stored) -> Loaded`` registering it as dataset ``name``; the reader
     is returned unchanged. ``default_arch`` None: ResNet20 up to 32 px inputs, ResNet18 above (§4.2)."""
     def add(read: Reader) -> Reader:
         spec = _spec(read, store_size, input_size, needs_root, description, preset, hflip, default_partition,
-                     default_arch, task)
+                     default_arch, task, streams)
         DATASETS.register(spec, name=name)
         return read
     return add
@@ -137,7 +148,8 @@ def split_validation(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, 
 
 
 def _spec(read: Reader, store_size: int, input_size: int, needs_root: bool, description: str, preset: Preset,
-          hflip: bool, default_partition: str, default_arch: str | None, task: str) -> DatasetSpec:
+          hflip: bool, default_partition: str, default_arch: str | None, task: str,
+          streams: bool) -> DatasetSpec:
     """A DatasetSpec whose load reads at the configured (or default) stored side, with an empty val split.
 
     Classification follows the small-side rule of :func:`input_size_for`; a segmentation input is a crop
@@ -156,7 +168,7 @@ def _spec(read: Reader, store_size: int, input_size: int, needs_root: bool, desc
 
     arch = default_arch or ("resnet20" if input_size <= 32 else "resnet18")
     return DatasetSpec(load, store_size, input_size, needs_root, description, preset, hflip,
-                       default_partition, arch, task)
+                       default_partition, arch, task, streams)
 
 
 def load_dataset(cfg: DataConfig) -> ImageData:
@@ -164,9 +176,12 @@ def load_dataset(cfg: DataConfig) -> ImageData:
     spec = DATASETS.lookup(cfg.name, DataError)  # "unknown dataset 'x'; choose from ..." as one line
     if spec.needs_root and not cfg.root:
         raise DataError(f"dataset {cfg.name!r} needs --data-root DIR: {spec.description}")
+    if cfg.decode == "stream" and not spec.streams:
+        raise DataError(f"--decode stream: {cfg.name} is held in memory (its files are not one image each); "
+                        f"streaming is for tinyimagenet, inat-geo and imagefolder")
     data = spec.load(cfg)
     train, val = split_validation(len(data.train_y), cfg.val_fraction, cfg.seed)
-    val_x, val_y = data.train_x[val], data.train_y[val]  # copies, taken before the rows move
+    val_x, val_y = take(data.train_x, val), data.train_y[val]  # copies, taken before the rows move
     clients = None if data.clients is None else keep_rows(data.clients, train)
     return dataclasses.replace(data, train_x=keep_rows(data.train_x, train),
                                train_y=keep_rows(data.train_y, train), val_x=val_x, val_y=val_y,
@@ -178,7 +193,10 @@ def keep_rows(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     so no row is overwritten before it moves) and the result is a view of ``x``, which is overwritten.
 
     Fancy indexing would hold a second copy of the training set at once: 18.7 GB more for Cityscapes at
-    full resolution. Also faster than indexing (0.04 s vs 0.16 s for 50,000 CIFAR images)."""
+    full resolution. Also faster than indexing (0.04 s vs 0.16 s for 50,000 CIFAR images). Streamed images
+    stay files: their subset is taken."""
+    if isinstance(x, StreamedImages):
+        return x.subset(keep)
     rows = x.numpy()  # a view: loaders return CPU tensors they own
     for i, j in enumerate(keep.tolist()):
         if i != j:

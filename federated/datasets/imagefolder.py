@@ -11,9 +11,10 @@ from pretrain.folder import FolderConfig, FolderError, is_image, scan
 
 from . import DataConfig, Preset, register_dataset
 from .decode import DataError, Loaded, _require_dir, decode_split
+from .stream import wants_stream
 
 
-def read_imagefolder(root: str, size: int, workers: int | None = None) -> Loaded:
+def read_imagefolder(root: str, size: int, workers: int | None = None, decode: str = "auto") -> Loaded:
     """``ROOT/{train,test}/<class>/<image>`` (e.g. chest X-rays, §4.5); classes: the sorted train folders."""
     root = os.path.expanduser(root)
     _require_dir(root, "imagefolder root (--data-root)")
@@ -30,14 +31,15 @@ def read_imagefolder(root: str, size: int, workers: int | None = None) -> Loaded
         raise DataError(f"imagefolder: test classes without a train folder: {', '.join(unknown)}")
     index = {name: i for i, name in enumerate(classes)}
     test_labels = [index[test_classes[y]] for y in test_labels]  # the test folder may lack some classes
+    stream = wants_stream(decode, len(train_paths) + len(test_paths), size)
     return decode_split("imagefolder", (train_paths, train_labels), (test_paths, test_labels), classes, size,
-                        workers)
+                        workers, stream=stream)
 
 
 @register_dataset(
     "imagefolder", store_size=64, input_size=224, needs_root=True,
     description="a labelled folder ROOT/train/<class>/ and ROOT/test/<class>/ (e.g. chest X-rays)",
-    preset=Preset(0.01, 32, "sgd"),
+    preset=Preset(0.01, 32, "sgd"), streams=True,
 )
 def imagefolder(cfg: DataConfig, stored: int) -> Loaded:
     """The labelled folder ``cfg.root``; its preset is the Table 9 recipe of CIFAR and Tiny-ImageNet. Without
@@ -45,7 +47,7 @@ def imagefolder(cfg: DataConfig, stored: int) -> Loaded:
     of the first training image), so a folder of 32 px images trains at 32 px, not upsampled to 224."""
     if cfg.store_size is None:
         stored = min(stored, _own_side(os.path.join(os.path.expanduser(cfg.root), "train")))
-    return read_imagefolder(cfg.root, stored)
+    return read_imagefolder(cfg.root, stored, decode=cfg.decode)
 
 
 def _own_side(train_root: str) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from ..datasets.stream import chunks
 from .combine import State
 
 _BN = nn.modules.batchnorm._BatchNorm
@@ -51,8 +52,7 @@ class Evaluator:
 
     def _recompute_batches(self) -> list[Tensor]:
         x, y = self.recompute
-        return [self.task.eval_inputs(x[i:i + self.batch_size], y[i:i + self.batch_size])[0]
-                for i in range(0, len(x), self.batch_size)]
+        return [self.task.eval_inputs(images, labels)[0] for images, labels in chunks(x, y, self.batch_size)]
 
     def __call__(self, state: State) -> dict[str, float]:
         self.model.load_state_dict(state)

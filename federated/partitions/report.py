@@ -15,6 +15,7 @@ import numpy as np
 
 from fpsfl.base.checkpoint import atomic_write
 
+from .base import PartitionError
 from .driver import client_noise, summary
 from .request import PartitionConfig, headline
 
@@ -87,4 +88,20 @@ def write_partition_report(run_dir: Path, parts: list[np.ndarray], labels: np.nd
     atomic_write(run_dir / "partition.png", lambda p: fig.savefig(p, format="png", dpi=100))
 
 
-__all__ = ["indices_sha256", "partition_figure", "write_partition_report"]
+def check_partition_report(run_dir: Path, parts: list[np.ndarray]) -> None:
+    """Refuse to resume a run whose partition is no longer the one it started with (the dataset at
+    --data-root changed, or the code that draws partitions): ``partition.json``'s indices hash must be
+    ``parts``'. A run without the file (it was removed) is not checked."""
+    path = Path(run_dir) / "partition.json"
+    try:
+        saved = json.loads(path.read_text()).get("indices_sha256")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, AttributeError) as exc:
+        raise PartitionError(f"--resume: {path} is unreadable ({exc}); start a new run") from None
+    if saved != indices_sha256(parts):
+        raise PartitionError(f"--resume: the partition drawn now differs from the one in {path} (its "
+                             f"indices_sha256): the data or the partition code changed; start a new run")
+
+
+__all__ = ["check_partition_report", "indices_sha256", "partition_figure", "write_partition_report"]

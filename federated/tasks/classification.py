@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from fpsfl.base.images import eval_batch
 
+from ..datasets.stream import chunks
 from . import TASKS
 from .base import Task
 from .transforms import TrainAugment, add_noise, augment_batch
@@ -70,8 +71,8 @@ class ClassificationTask:
         was_training = model.training
         model.eval()
         loss = correct = 0.0
-        for start in range(0, len(x), batch_size):
-            inputs, target = self.eval_inputs(x[start:start + batch_size], y[start:start + batch_size])
+        for images, labels in chunks(x, y, batch_size):  # streamed images: decoded ahead
+            inputs, target = self.eval_inputs(images, labels)
             out = model(inputs)
             loss += self.loss(out, target).sum().item()
             correct += (out.argmax(1) == target).sum().item()

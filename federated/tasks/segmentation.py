@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from fpsfl.base.images import IMAGENET_MEAN, IMAGENET_STD, crop_theta, normalise
 
+from ..datasets.stream import chunks
 from . import TASKS
 from .base import Task
 from .transforms import add_noise
@@ -131,8 +132,8 @@ class SegmentationTask:
         conf = torch.zeros(self.n_classes, self.n_classes, dtype=torch.long, device=x.device)
         loss = 0.0
         step = self.eval_batch
-        for start in range(0, len(x), step):
-            inputs, target = self.eval_inputs(x[start:start + step], y[start:start + step])
+        for images, labels in chunks(x, y, step):
+            inputs, target = self.eval_inputs(images, labels)
             out = model(inputs)
             loss += self.loss(out, target).sum().item()
             conf += confusion(out.argmax(1), target, self.n_classes)

@@ -1,8 +1,10 @@
 """Training and evaluation transforms for federated fine-tuning, as batched tensor ops on any device.
 
-Chen et al., ICLR 2023, §4.2 fine-tune with the standard recipes: at 32 px (CIFAR) zero-pad 4 px and take a
-random 32 x 32 crop plus a horizontal flip (He et al., CVPR 2016); at larger sizes (Tiny-ImageNet, iNat at
-224 px) a random-resized crop plus flip (torchvision's RandomResizedCrop defaults). Images are normalised
+Chen et al., ICLR 2023, §4.2 and Appendix B.1 fine-tune with the standard recipes: at 32 px (CIFAR) "images
+are padded 2 pixels on each side, randomly flipped horizontally, and then randomly cropped back to 32 x 32"
+(B.1; He et al.'s CIFAR recipe pads 4); at larger sizes (Tiny-ImageNet at 64 px, iNat at 224 px) a
+random-resized crop plus flip "following the official PyTorch ImageNet training script" (torchvision's
+RandomResizedCrop defaults). Images are normalised
 with the ImageNet statistics that pre-training used (:mod:`fpsfl.base.images`).
 
 Images arrive as the datasets hold them, uint8 (B, S, S, 3) channels-last; outputs are float32
@@ -27,7 +29,7 @@ PAD_CROP_MAX_SIDE = 32  # px: images this small that are trained at their stored
 @dataclass(frozen=True)
 class TrainAugment:
     input_size: int  # px, output side
-    pad: int = 4  # px, the pad-and-crop at 32 px (He et al. 2016 CIFAR recipe)
+    pad: int = 2  # px, the pad-and-crop at 32 px (Appendix B.1: 2 px on each side)
     crop_scale: tuple[float, float] = (0.08, 1.0)  # crop area / image area at larger sizes (torchvision)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)  # crop width / height, log-uniform (torchvision)
     flip_p: float = 0.5  # probability of a horizontal flip

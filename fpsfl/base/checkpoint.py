@@ -7,21 +7,21 @@ A checkpoint is one ``torch.save`` file holding a dict of tensors and plain Pyth
 
 so it loads with ``torch.load(path, weights_only=True)``: opening a checkpoint never runs code. A file that
 does not load that way, or lacks a field, is refused with :class:`CheckpointError`. Files are written
-atomically (temporary file, then rename), so a crash never leaves a half-written checkpoint behind.
+atomically (:mod:`fpsfl.base.files`), so a crash never leaves a half-written checkpoint behind.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from .files import atomic_save, atomic_write  # noqa: F401 (the writers import them from here)
 
 FORMAT = "fpsfl-backbone/1"
 _FIELDS = {"arch": str, "width": (int, float), "method": str, "source": str, "epoch": int, "config": dict,
@@ -30,23 +30,6 @@ _FIELDS = {"arch": str, "width": (int, float), "method": str, "source": str, "ep
 
 class CheckpointError(ValueError):
     """A file that is not a usable fpsfl backbone checkpoint; the message is one line."""
-
-
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` to a temporary file beside ``path``, then rename it over ``path`` (atomic on POSIX): a
-    crash leaves the old file or the new one, never half of one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to ``path`` atomically (:func:`atomic_write`)."""
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def plain(value: Any) -> Any:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .files import temp_path
 from .settings import choices_of, field_types, flag_of, scalar
 
 
@@ -39,7 +40,7 @@ def writable_file(path: Path, flag: str = "--out") -> None:
         raise UsageError(f"{flag} {path} is a directory; give a file name")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        probe = path.with_name(f".{path.name}.probe{os.getpid()}")
+        probe = temp_path(path)  # named as atomic_write's, so a kill here leaves what is cleaned up
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
@@ -52,7 +53,7 @@ def writable_dir(path: Path, flag: str = "--out") -> Path:
         raise UsageError(f"{flag} {path} is a file, not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".probe{os.getpid()}"
+        probe = path / f".probe.tmp{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:

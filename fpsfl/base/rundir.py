@@ -10,7 +10,9 @@ Nothing is lost or corrupted on a crash: a run holds an exclusive lock on its di
 state is replaced atomically; a metrics line is appended and synced before the state that counts it is
 saved, so a crash between the two leaves a line that ``--resume`` drops, and a crash inside the append a
 torn last line, also dropped (with a one-line notice). A run that fails before its first epoch or round
-leaves nothing behind.
+leaves nothing behind; one killed then (SIGKILL, power loss) leaves its config.json, and ``--resume`` starts
+it again. Temporary files of writers killed before their rename are removed when the lock is taken. The
+crash-point sweep (``tests/test_crash_points.py``) kills a run at each of its writes and checks all this.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,17 +32,14 @@ from typing import Any
 
 import torch
 
-from .checkpoint import atomic_save, atomic_write, load_weights_only, plain
+from .checkpoint import load_weights_only, plain
+from .files import CRASH_ENV, LockedError, append_line, atomic_save, atomic_write, clean_stale, lock_file
 from .settings import setting
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: runs are not locked
-    fcntl = None
 
 STATE = "state.pt"
 LOCK = ".lock"
-CRASH_ENV = "FPSFL_TEST_CRASH"  # tests only: "metrics:N" dies after the N-th append, "torn:N" inside it
+FINAL = "final.pt"  # a finished federated run's model (federated.runner)
+__all__ = ["CRASH_ENV", "RunDir", "RunDirError", "RunFlags"]  # CRASH_ENV: the tests' hook (fpsfl.base.files)
 
 
 class RunDirError(ValueError):
@@ -96,14 +94,13 @@ class RunDir:
         self.config_path, self.metrics_path = self.path / "config.json", self.path / "metrics.jsonl"
         self.state_path = self.path / STATE
         self._lock_fd: int | None = None
-        self._appends = 0
 
     # ---- the whole life of a run ---------------------------------------------------------------------
     @contextmanager
     def session(self, resume: bool) -> Iterator[RunDir]:
         """Hold the directory's lock while the run lives. A new run refuses a directory that holds one,
         and removes what it created if it fails before saving its first state."""
-        if resume and not self.state_path.is_file():
+        if resume and not (self.has_state() or self.config_path.is_file()):
             raise RunDirError(f"--resume: no training state at {self.state_path} (nothing to resume)")
         existed = set(os.listdir(self.path)) if self.path.is_dir() else None
         self.acquire()
@@ -119,25 +116,20 @@ class RunDir:
             self.release()
 
     def acquire(self) -> None:
-        """Take the exclusive lock (creating the directory); refuses one held by a live process."""
+        """Take the exclusive lock (creating the directory); refuses one held by a live process. Then no
+        writer of this run can be alive, so the temporary files of killed ones are removed."""
         try:
             if self.path.exists() and not self.path.is_dir():
                 raise RunDirError(f"{self.path} is a file, not a run directory; choose another --out")
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            self._lock_fd = lock_file(self.path / LOCK, f"{self.path} is in use by process {{holder}} (a run "
+                                                         f"is writing it); wait for it to finish or choose "
+                                                         f"another --out")
+        except LockedError as exc:
+            raise RunDirError(str(exc)) from None
         except OSError as exc:
             raise RunDirError(f"cannot use {self.path} as a run directory: {exc.strerror or exc}") from None
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
-                os.close(fd)
-                raise RunDirError(f"{self.path} is in use by process {holder} (a run is writing it); wait "
-                                  f"for it to finish or choose another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} on {platform.node()}\n".encode(), 0)
-        self._lock_fd = fd
+        clean_stale(self.path)
 
     def release(self) -> None:
         if self._lock_fd is not None:
@@ -155,11 +147,21 @@ class RunDir:
             shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
 
     # ---- files ---------------------------------------------------------------------------------------
+    def has_state(self) -> bool:
+        return self.state_path.is_file()
+
     def ensure_new(self) -> None:
-        """Refuse a directory that already holds a run, so that nothing is overwritten."""
+        """Refuse a directory that already holds a run, so that nothing is overwritten: its state or metrics,
+        a finished run's final model, or the config.json of a run killed before its first state."""
         if self.state_path.exists() or self.metrics_path.exists():
             raise RunDirError(f"{self.path} already holds a run; pass --resume to continue it, or choose "
                               f"another --out / --run-dir")
+        if (self.path / FINAL).exists():
+            raise RunDirError(f"{self.path} holds a finished run ({FINAL}); choose another --out")
+        if self.config_path.exists():
+            raise RunDirError(f"{self.path} holds the config.json of a run that saved no state (killed in "
+                              f"its first epoch or round?); pass --resume to start that run again, or "
+                              f"choose another --out / --run-dir")
 
     def create(self, config: dict, opts: Any) -> int:
         """Start a new run here; refuses a directory that already holds one. Returns the first epoch (0)."""
@@ -179,18 +181,24 @@ class RunDir:
             raise RunDirError(f"--resume: {self.config_path} is missing or unreadable ({exc}); "
                               f"start a new run") from None
 
+    def check_config(self, config: dict, compare: tuple[str, ...]) -> dict:
+        """The saved config, once ``config[k]`` matches it for each ``k`` of ``compare`` that it records (a
+        key it lacks was added after the run started)."""
+        saved = self.saved_config()
+        differs = sorted(k for k in compare if k in saved and saved[k] != plain(config[k]))
+        if differs:
+            raise RunDirError(f"--resume: the {' and '.join(differs)} config differs from the one in "
+                              f"{self.config_path}; resume with the same settings or start a new run")
+        return saved
+
     def load_state(self, config: dict, compare: tuple[str, ...]) -> dict:
         """The saved training state, after checking that ``config[k]`` matches the saved one for ``compare``.
 
         Metrics lines of epochs/rounds after the state (a crash between the two writes) are dropped.
         """
-        if not self.state_path.is_file():
+        if not self.has_state():
             raise RunDirError(f"--resume: no training state at {self.state_path} (nothing to resume)")
-        saved = self.saved_config()
-        differs = sorted(k for k in compare if saved.get(k) != plain(config[k]))
-        if differs:
-            raise RunDirError(f"--resume: the {' and '.join(differs)} config differs from the one in "
-                              f"{self.config_path}; resume with the same settings or start a new run")
+        saved = self.check_config(config, compare)
         state = load_weights_only(self.state_path, "run state (state.pt)", RunDirError)
         if not isinstance(state, dict) or "done" not in state:
             raise RunDirError(f"{self.state_path} is not a valid run state (state.pt); start a new run")
@@ -206,25 +214,23 @@ class RunDir:
         self._truncate_metrics(rows, torn, done)
         return state
 
+    def start_again(self, config: dict, compare: tuple[str, ...]) -> None:
+        """``--resume`` of a run killed before it saved a state: once ``compare`` matches, forget its
+        config.json and metrics lines (none counted by a state), so that :meth:`create` starts it anew."""
+        saved = self.check_config(config, compare)
+        unit = "round" if "federate" in saved else "epoch"
+        print(f"note: {self.path} holds no state (the run was stopped in its first {unit}): starting it "
+              f"again from the beginning", file=sys.stderr)
+        self.metrics_path.unlink(missing_ok=True)
+        self.config_path.unlink(missing_ok=True)
+
     def save_state(self, state: dict) -> None:
         """Save the training state; ``state["done"]`` counts the finished epochs or rounds."""
         atomic_save(state, self.state_path)
 
     def append_metrics(self, record: dict) -> None:
         """Append one line and sync it to disk before the state that counts it is saved."""
-        line = json.dumps(record) + "\n"
-        self._appends += 1
-        crash = _crash_point()
-        with self.metrics_path.open("a") as f:
-            if crash == ("torn", self._appends):
-                f.write(line[: len(line) // 2])
-                f.flush()
-                os.kill(os.getpid(), signal.SIGKILL)
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-        if crash == ("metrics", self._appends):
-            os.kill(os.getpid(), signal.SIGKILL)
+        append_line(self.metrics_path, json.dumps(record) + "\n")
 
     def metrics(self) -> list[dict]:
         return read_jsonl(self.metrics_path)[0]
@@ -265,8 +271,3 @@ def step_ranges(steps: list[int]) -> str:
             start = None
     return ", ".join(parts)
 
-
-def _crash_point() -> tuple[str, int] | None:
-    """The test hook of ``FPSFL_TEST_CRASH`` ("metrics:N" or "torn:N"), or None."""
-    kind, _, n = os.environ.get(CRASH_ENV, "").partition(":")
-    return (kind, int(n)) if kind in ("metrics", "torn") and n.isdigit() else None

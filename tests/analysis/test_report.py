@@ -8,6 +8,7 @@ import pytest
 
 from analysis.cli import main
 from analysis.report import build_tables, init_label, to_json, to_markdown
+from analysis.runs import AnalysisError
 from federated.datasets import DataConfig, load_dataset
 from federated.experiment import FederateConfig, RunOptions
 from federated.runner import run
@@ -133,3 +134,69 @@ def test_unfinished_or_missing_runs_exit_2(runs, capsys):
     assert "1 of 2 rounds done" in capsys.readouterr().err
     assert main(["report", str(runs / "nowhere")]) == 2
     assert "not a federate run directory" in capsys.readouterr().err
+
+
+# ---- --paper: the paper's tables beside the measured ones --------------------------------------------------
+
+
+def test_paper_table2_puts_each_number_beside_its_cell():
+    from analysis.paper import build_paper, paper_markdown, row_map
+
+    entries = [(_cfg(seed=s), acc) for s, acc in enumerate([0.80, 0.82, 0.84])]
+    entries += [(_cfg(centralized=True), 0.90), (_cfg(init="/w/fps-resnet20.ckpt"), 0.85)]
+    report = build_paper("table2", entries, row_map(["fps-resnet20=FPS"]))
+    md = paper_markdown(report)
+    assert report.rows == ["Random", "FPS", "ImageNet"]  # the paper's rows, in its order
+    assert "| init | Federated | Centralised | ΔCL-FL |" in md
+    assert "| Random | 82.0 ± 2.0 (n=3) · paper 82.7 | 90.0 · paper 91.7 | 8.0 · paper 9.0 |" in md
+    assert "| FPS | 85.0 · paper 84.9 | – · paper 92.0 | – · paper 7.1 |" in md
+    assert "| ImageNet | – · paper 90.8 | – · paper 93.3 | – · paper 2.5 |" in md
+
+
+def test_paper_table4_columns_come_from_the_geo_split_and_table6_from_the_dataset():
+    from analysis.paper import build_paper, paper_markdown, row_map
+
+    geo = dict(dataset="inat-geo", partition="natural")
+    report = build_paper("table4", [
+        (FederateConfig(**geo, split_csv="/d/federated_train_geo_10k.csv"), 0.30),
+        (FederateConfig(**geo, split_csv="/d/federated_train_geo_3k.csv"), 0.20),
+        (FederateConfig(**geo, split_csv="/d/federated_train_geo_3k.csv", centralized=True), 0.45)],
+        row_map([]))
+    assert report.value("Random", "Avg. ΔCL-FL") == pytest.approx(20.0)  # 45 - (30 + 20) / 2
+    assert "| Random | 30.0 · paper 20.9 | 20.0 · paper 12.2 | 45.0 · paper 48.5 | 20.0 · paper 32.0 |" in \
+        paper_markdown(report)
+    six = build_paper("table12", [(FederateConfig(dataset="cifar100", alpha=0.1, init="/w/ml.ckpt"), 0.5),
+                                  (FederateConfig(dataset="tinyimagenet", init="/w/other.ckpt"), 0.4)],
+                      row_map(["ml=Fractal + Multi-label"]))
+    md = paper_markdown(six)
+    assert "| Fractal + Multi-label | – · paper 73.0 ± 0.43 | 50.0 · paper 51.0 ± 0.44 |" in md
+    assert six.rows[-1] == "other" and "rows the paper does not have: other" in md  # listed after the paper's
+    with pytest.raises(AnalysisError, match="federated runs only"):
+        build_paper("table6", [(_cfg(centralized=True), 0.5)], row_map([]))
+    with pytest.raises(AnalysisError, match="does not belong in table3"):
+        build_paper("table3", [(_cfg(), 0.5)], row_map([]))
+    with pytest.raises(AnalysisError, match="10k or 3k"):
+        build_paper("table4", [(FederateConfig(**geo, split_csv="/d/split.csv"), 0.3)], row_map([]))
+    with pytest.raises(AnalysisError, match="LABEL=ROW"):
+        row_map(["fps"])
+
+
+def test_every_paper_table_has_its_numbers_cited():
+    from analysis.paper import TABLES, paper_numbers
+
+    sizes = {"table2": 9, "table3": 9, "table4": 12, "table5": 9, "table6": 15, "table12": 27, "table7": 12,
+             "sec4.5": 3}
+    for key, table in TABLES.items():
+        numbers = paper_numbers(key)
+        assert len(numbers) == sizes[key], key
+        assert {c for _, c in numbers} <= set(table.columns)
+        assert all(("Table" in n.cite or "§" in n.cite) and 0 < n.value < 100 for n in numbers.values())
+    for key in ("table2", "table3", "table5"):  # a misread number shows: the paper's ΔCL-FL is its CL - FL
+        numbers = paper_numbers(key)
+        for row in {r for r, _ in numbers}:
+            cl, fl = numbers[row, "Centralised"].value, numbers[row, "Federated"].value
+            assert numbers[row, "ΔCL-FL"].value == pytest.approx(cl - fl, abs=0.05), (key, row)
+    t4 = paper_numbers("table4")
+    for row in ("Random", "FPS", "ImageNet"):
+        fl = (t4[row, "GEO-10K"].value + t4[row, "GEO-3K"].value) / 2
+        assert t4[row, "Avg. ΔCL-FL"].value == pytest.approx(t4[row, "Centralised"].value - fl, abs=0.06)

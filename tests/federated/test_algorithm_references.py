@@ -10,7 +10,7 @@ randomness contract of ``federated.rounds``: round r's client selection (and Fed
 ``numpy.random.default_rng(SeedSequence([seed, r, 0]))``; client c's sample order of round r from a torch
 generator seeded with ``SeedSequence([seed, r, c, 1])``; both are re-derived here.
 
-Conventions the references follow (each named in the algorithm's docstring and the README): BatchNorm
+Conventions the references follow (each named in the algorithm's docstring and docs/federated.md): BatchNorm
 running statistics are the sample-weighted average of the clients' (integers rounded), never transformed
 by a server step; batches of one sample are skipped; learning rate x lr_decay every lr_decay_every rounds.
 """
@@ -413,11 +413,13 @@ def test_fedavgm(tmp_path, nesterov):
     assert_same(history, reference_rounds(cfg, init, fedavg_like(data, parts, cfg, server=server)))
 
 
-def test_fedvc(tmp_path):
-    """Hsu et al. 2020: selection proportional to size, k fresh examples per local epoch (with
-    replacement for a smaller client), equal weights."""
+@pytest.mark.parametrize("draw", ["round", "epoch"])
+def test_fedvc(tmp_path, draw):
+    """Hsu et al. 2020: selection proportional to size, k examples resampled once per round the client is
+    selected (with replacement for a smaller client) and passed over E times, equal weights; draw=epoch:
+    a fresh draw every local epoch."""
     k = 10
-    init, history, cfg = engine("fedvc", tmp_path, {"examples": k}, participation=0.67)
+    init, history, cfg = engine("fedvc", tmp_path, {"examples": k, "draw": draw}, participation=0.67)
     data, parts = make_data()
 
     def round_fn(w, rnd, rng, lr):
@@ -426,7 +428,10 @@ def test_fedvc(tmp_path):
         clients = []
         for i in chosen:
             n = len(parts[i])
-            pools = [parts[i][torch.as_tensor(rng.choice(n, k, replace=n < k))] for _ in range(EPOCHS)]
+            if draw == "round":
+                pools = [parts[i][torch.as_tensor(rng.choice(n, k, replace=n < k))]] * EPOCHS
+            else:
+                pools = [parts[i][torch.as_tensor(rng.choice(n, k, replace=n < k))] for _ in range(EPOCHS)]
             clients.append(train_client(w, pools, data, cfg.seed, rnd, i, lr, cross_entropy))
         glob = {key: v for key, v in w.items() if is_param(key)}
         new = {key: sum(c.w[key] for c in clients) / len(clients) for key in glob}

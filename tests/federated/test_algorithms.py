@@ -300,17 +300,24 @@ def test_centralised_trains_plain_sgd_whatever_the_algorithm(tmp_path, capsys):
     assert "fedir" in err and "plain SGD" in err and len([ln for ln in err.splitlines() if "note" in ln]) == 1
 
 
-def test_fedvc_draws_a_fresh_virtual_client_every_epoch():
-    """Defect 6: E local epochs repeated one draw E times. Each epoch is now a fresh draw of k examples,
-    without replacement from a larger client and with replacement from a smaller one."""
+def test_fedvc_draws_one_virtual_client_a_round():
+    """Hsu et al. 2020, §5.3: N_VC examples resampled once per round the client is selected (without
+    replacement from a larger client, with replacement from a smaller one), passed over E times;
+    draw=epoch keeps the earlier fresh draw every local epoch."""
     algo = ALGORITHMS["fedvc"](ALGORITHMS["fedvc"].Config(examples=10), [30, 6], np.ones((2, 2)))
     rng = np.random.default_rng(0)
     big = algo.epoch_pools(0, torch.arange(100, 130), 3, rng)
-    assert len(big) == 3 and all(len(p) == 10 and len(set(p.tolist())) == 10 for p in big)
-    assert all(set(p.tolist()) <= set(range(100, 130)) for p in big)
-    assert len({tuple(sorted(p.tolist())) for p in big}) == 3
+    assert len(big) == 3 and all(torch.equal(p, big[0]) for p in big)  # one draw, three passes
+    assert len(set(big[0].tolist())) == 10 and set(big[0].tolist()) <= set(range(100, 130))
+    again = algo.epoch_pools(0, torch.arange(100, 130), 3, rng)  # the next round draws anew
+    assert not torch.equal(again[0], big[0])
     small = algo.epoch_pools(1, torch.arange(6), 2, rng)
-    assert all(len(p) == 10 for p in small) and not torch.equal(small[0], small[1])
+    assert all(len(p) == 10 for p in small) and len(set(small[0].tolist())) <= 6
+    per_epoch = ALGORITHMS["fedvc"](ALGORITHMS["fedvc"].Config(examples=10, draw="epoch"), [30, 6],
+                                    np.ones((2, 2)))
+    fresh = per_epoch.epoch_pools(0, torch.arange(100, 130), 3, rng)
+    assert all(len(p) == 10 and len(set(p.tolist())) == 10 for p in fresh)
+    assert len({tuple(sorted(p.tolist())) for p in fresh}) == 3
 
 
 def test_fedvc_records_real_client_sizes_for_eq3(tmp_path):

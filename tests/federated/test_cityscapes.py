@@ -19,49 +19,18 @@ from federated.setup import setup
 from federated.tasks.segmentation import confusion, iou_from_confusion
 from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
 from pretrain.backbones import create_backbone
+from recipes.smoke_data import CS_BLOCK, CS_H, CS_IDS, CS_VAL_CITY, CS_W, write_cityscapes
 
-H, W = 64, 128  # px, stored (H x W) of the miniature images: Cityscapes' 1:2 aspect
-BLOCK = 16  # px side of the constant-label blocks
-TRAIN_CITIES = ("bremen", "aachen", "zurich")  # written unsorted: clients must follow the sorted names
-VAL_CITY = "frankfurt"
+H, W, BLOCK = CS_H, CS_W, CS_BLOCK  # the miniature tree of recipes/smoke_data.py (shared with the recipes)
 # real Cityscapes label ids -> train ids (Cordts et al. 2016; torchvision's Cityscapes.classes), written out
 # by hand so that a wrong table fails: unlabeled, ego vehicle, out of roi, static -> ignored (255)
 TRAIN_ID = {0: 255, 1: 255, 3: 255, 4: 255, 7: 0, 8: 1, 11: 2, 24: 11, 26: 13}
-IDS = list(TRAIN_ID)
+assert tuple(TRAIN_ID) == CS_IDS  # the writer's label ids are the ones this table maps
 CS_NAMES = ["road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign",
             "vegetation", "terrain", "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle",
             "bicycle"]
 CLI = ["--dataset", "cityscapes", "--rounds", "1", "--local-epochs", "1", "--crop-size", "64",
        "--eval-size", "64x128", "--device", "cpu", "--quiet", "--val-fraction", "0", "--min-size", "2"]
-
-
-def _label_ids(k: int) -> np.ndarray:
-    """(H, W) uint8 label ids in BLOCK-px blocks, cycling through IDS, shifted by k per image."""
-    r, c = np.meshgrid(np.arange(H) // BLOCK, np.arange(W) // BLOCK, indexing="ij")
-    return np.asarray(IDS, dtype=np.uint8)[(r + 2 * c + k) % len(IDS)]
-
-
-def write_cityscapes(root, per_city: int = 2) -> dict:
-    """ROOT/leftImg8bit/{train,val}/<city>/<city>_<seq>_<frame>_leftImg8bit.png (RGB) and
-    ROOT/gtFine/{train,val}/<city>/..._gtFine_labelIds.png (mode L), as in the official zips; returns
-    {split: [(city, image (H, W, 3), label ids (H, W))]} in the loader's (sorted path) order."""
-    rng = np.random.default_rng(0)
-    written: dict[str, list] = {"train": [], "val": []}
-    k = 0
-    for split, cities in (("train", TRAIN_CITIES), ("val", (VAL_CITY,))):
-        for city in cities:
-            for i in range(per_city):
-                stem = f"{city}_{i:06d}_{19 + 3 * i:06d}"
-                image = rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
-                ids = _label_ids(k)
-                k += 1
-                for folder, name, array in (("leftImg8bit", f"{stem}_leftImg8bit.png", image),
-                                            ("gtFine", f"{stem}_gtFine_labelIds.png", ids)):
-                    path = root / folder / split / city / name
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    Image.fromarray(array).save(path)
-                written[split].append((f"leftImg8bit/{split}/{city}/{stem}", city, image, ids))
-    return {split: [w[1:] for w in sorted(rows, key=lambda w: w[0])] for split, rows in written.items()}
 
 
 @pytest.fixture
@@ -102,7 +71,7 @@ def test_label_ids_become_train_ids_and_cities_become_clients(tree):
     # the test set is the official val split
     assert data.test_x.shape == (2, H, W, 3)
     for (city, image, ids), x, y in zip(written["val"], data.test_x, data.test_y, strict=True):
-        assert city == VAL_CITY and torch.equal(x, torch.from_numpy(image))
+        assert city == CS_VAL_CITY and torch.equal(x, torch.from_numpy(image))
         assert (y.numpy() == _train_ids(ids)).all()
 
 
@@ -235,7 +204,7 @@ def test_a_label_of_another_size_is_named(tree, tmp_path, capsys):
 
 def test_a_missing_label_is_named(tree):
     root, _ = tree
-    bad = root / "gtFine" / "val" / VAL_CITY / f"{VAL_CITY}_000000_000019_gtFine_labelIds.png"
+    bad = root / "gtFine" / "val" / CS_VAL_CITY / f"{CS_VAL_CITY}_000000_000019_gtFine_labelIds.png"
     bad.unlink()
     with pytest.raises(DataError, match=bad.name):
         read_cityscapes(str(root), 32)

@@ -69,6 +69,28 @@ def test_torchvision_state_dict_and_imagenet_cache(tmp_path, monkeypatch):
         initialise(fresh, "resnet18", 1.0, "imagenet")
 
 
+def test_places365_file_as_published_loads_its_backbone(tmp_path):
+    """--init places365:FILE reads the Places365 project's resnet18_places365.pth.tar (legacy torch format,
+    state_dict under module., 365-way fc), the Tiny-ImageNet init of §4.1; other files are refused."""
+    from recipes.smoke_data import write_places365
+
+    path = tmp_path / "resnet18_places365.pth.tar"
+    state = write_places365(path, seed=3)
+    fresh = create_backbone("resnet18")
+    report = initialise(fresh, "resnet18", 1.0, f"places365:{path}")
+    assert "Places365" in report and f"{len(fresh.state_dict())} backbone tensors" in report
+    assert all(torch.equal(v, state[k]) for k, v in fresh.state_dict().items())  # fc skipped, all else equal
+    plain = {k: v for k, v in state.items()}
+    torch.save(plain, tmp_path / "plain.pth")  # no state_dict wrapper: not the published file
+    with pytest.raises(InitError, match="no 'state_dict'.*--init-format torchvision"):
+        initialise(create_backbone("resnet18"), "resnet18", 1.0, f"places365:{tmp_path / 'plain.pth'}")
+    torch.save({"state_dict": {**plain, "fc.weight": torch.zeros(1000, 512)}}, tmp_path / "in1k.pth")
+    with pytest.raises(InitError, match="not the Places365 classifier's 365 outputs"):
+        initialise(create_backbone("resnet18"), "resnet18", 1.0, f"places365:{tmp_path / 'in1k.pth'}")
+    with pytest.raises(InitError, match="no such file"):
+        initialise(create_backbone("resnet18"), "resnet18", 1.0, f"places365:{tmp_path / 'none.tar'}")
+
+
 def test_an_existing_run_is_not_overwritten(tmp_path, capsys):
     assert _cli(["--out", tmp_path / "d", *TINY], capsys)[0] == 0
     before = (tmp_path / "d" / "metrics.jsonl").read_text()

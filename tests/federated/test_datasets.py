@@ -1,16 +1,11 @@
 """Dataset loaders on tiny data written in each real on-disk format; validation split; every DataError."""
 
 import csv
-import io
 import os
-import pickle
-import random
-import struct
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from federated.datasets import (
     DATASETS,
@@ -24,54 +19,22 @@ from federated.datasets import (
     register_dataset,
     split_validation,
 )
+from recipes.smoke_data import (
+    INAT_CLIENTS,
+    TINY_WNIDS,
+    identify,
+    save,
+    solid,
+    write_cifar,
+    write_imagefolder,
+    write_inat,
+    write_tiny,
+)
 
-# ---- writers of the real formats ---------------------------------------------------------------------------
-
-
-class _Py2Pickler(pickle._Pickler):
-    """Writes bytes as Python 2 ``str`` (SHORT_BINSTRING / BINSTRING), as the CIFAR files were written:
-    torchvision reads them with ``encoding="latin1"``, which turns keys like b"data" into "data"."""
-
-    dispatch = dict(pickle._Pickler.dispatch)
-
-    def _save_py2_str(self, obj: bytes) -> None:
-        n = len(obj)
-        self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj if n < 256
-                   else pickle.BINSTRING + struct.pack("<i", n) + obj)
-        self.memoize(obj)
-
-    dispatch[bytes] = _save_py2_str
-
-
-def _py2_dump(obj, path) -> None:
-    buf = io.BytesIO()
-    _Py2Pickler(buf, protocol=2).dump(obj)
-    path.write_bytes(buf.getvalue())
-
-
-def _write_cifar(root, hundred: bool, per_file: int = 20, seed: int = 0):
-    """A fake cifar-10-batches-py/ (or cifar-100-python/); returns {file: (data (N, 3072), labels)}."""
-    rng = np.random.default_rng(seed)
-    folder = root / ("cifar-100-python" if hundred else "cifar-10-batches-py")
-    folder.mkdir(parents=True)
-    n_classes = 100 if hundred else 10
-    files = ["train", "test"] if hundred else [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    written = {}
-    for name in files:
-        data = rng.integers(0, 256, (per_file, 3072), dtype=np.uint8)  # rows are C, H, W flattened
-        labels = rng.integers(0, n_classes, per_file).tolist()
-        entry = {b"data": data, b"filenames": [f"img{i}.png".encode() for i in range(per_file)]}
-        if hundred:
-            entry |= {b"fine_labels": labels, b"coarse_labels": [y // 5 for y in labels]}
-        else:
-            entry |= {b"labels": labels, b"batch_label": f"{name}".encode()}
-        _py2_dump(entry, folder / name)
-        written[name] = (data, labels)
-    names = [f"class{i}".encode() for i in range(n_classes)]
-    meta = {b"fine_label_names": names, b"coarse_label_names": names[:20]} if hundred else \
-        {b"label_names": names, b"num_cases_per_batch": per_file, b"num_vis": 3072}
-    _py2_dump(meta, folder / ("meta" if hundred else "batches.meta"))
-    return written
+# the writers of the real formats live in recipes/smoke_data.py, shared with the recipes' smoke runs
+_write_cifar, _write_tiny, _write_inat = write_cifar, write_tiny, write_inat
+_write_imagefolder = write_imagefolder
+_identify = identify
 
 
 @pytest.fixture
@@ -82,78 +45,8 @@ def skip_md5(monkeypatch):
     monkeypatch.setattr(cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
 
 
-def _colour(k: int) -> tuple[int, int, int]:
-    """Image k's solid colour: R encodes k (k < 60), far apart enough to survive JPEG."""
-    return 4 * k + 10, 100 + (k % 3) * 60, 200
-
-
-def _identify(x: torch.Tensor) -> list[int]:
-    """uint8 (N, S, S, 3) solid images -> their k."""
-    return ((x[..., 0].float().mean((1, 2)) - 10) / 4).round().long().tolist()
-
-
 def _save(path, k: int, fmt: str = "PNG", wh=(12, 9)) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.new("RGB", wh, _colour(k)).save(path, fmt, quality=98)
-
-
-TINY_WNIDS = ["n03", "n01", "n02"]  # not sorted: labels must follow wnids.txt, not the folder order
-
-
-def _write_tiny(root):
-    """tiny-imagenet-200/ with 3 classes x 3 train JPEGs (k = 3 c + i) and 4 val JPEGs (k = 20 + j)."""
-    base = root / "tiny-imagenet-200"
-    base.mkdir(parents=True)
-    (base / "wnids.txt").write_text("\n".join(TINY_WNIDS) + "\n")
-    for c, wnid in enumerate(TINY_WNIDS):
-        for i in range(3):
-            _save(base / "train" / wnid / "images" / f"{wnid}_{i}.JPEG", 3 * c + i, "JPEG", (64, 64))
-        (base / "train" / wnid / f"{wnid}_boxes.txt").write_text("")
-    val_labels = [2, 0, 1, 2]
-    lines = []
-    for j, c in enumerate(val_labels):
-        _save(base / "val" / "images" / f"val_{j}.JPEG", 20 + j, "JPEG", (64, 64))
-        lines.append(f"val_{j}.JPEG\t{TINY_WNIDS[c]}\t0\t0\t63\t63")
-    (base / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
-    train_owner = {3 * c + i: c for c in range(3) for i in range(3)}
-    return base, train_owner, {20 + j: c for j, c in enumerate(val_labels)}
-
-
-INAT_CLIENTS = {"geo_b": 12, "geo_a": 10, "geo_c": 20}  # images per client; sorted ids: a=0, b=1, c=2
-
-
-def _write_inat(root, header=("user_id", "image_id", "class", "label"), shuffle: int | None = None):
-    """iNat-2017-like images train_val_images/<super>/<species>/<id>.jpg and a Hsu-et-al.-style CSV
-    (image ids = file stems); image k has label k % 4 (class column) and a different original label.
-    Returns the CSV path and {k: (client, label, path relative to the image root)}."""
-    rows, owner = [], {}
-    k = 0
-    for client, n in INAT_CLIENTS.items():
-        for _ in range(n):
-            image_id = f"{k * 7919 % 1000:03d}abc{k}"
-            rel = os.path.join("train_val_images", "Plantae", f"sp{k % 4}", f"{image_id}.jpg")
-            _save(root / "images" / rel, k, "JPEG")
-            rows.append([client, image_id, str(k % 4), str(1000 + k)])
-            owner[k] = (client, k % 4, rel)
-            k += 1
-    if shuffle is not None:
-        random.Random(shuffle).shuffle(rows)
-    path = root / "split.csv"
-    with open(path, "w", newline="") as f:
-        csv.writer(f).writerows([list(header)] + rows)
-    return str(path), owner
-
-
-def _write_imagefolder(root, test_classes=("cat", "dog")):
-    """ROOT/train/{cat,dog,eel}/, 2 images each (k = 2 c + i); ROOT/test/<test_classes>/ (k = 10, 11, ...)."""
-    for c, name in enumerate(["cat", "dog", "eel"]):
-        for i in range(2):
-            _save(root / "train" / name / f"{i}.png", 2 * c + i)
-    test = {}
-    for j, name in enumerate(test_classes):
-        _save(root / "test" / name / "t.png", 10 + j)
-        test[10 + j] = ["cat", "dog", "eel"].index(name) if name in ("cat", "dog", "eel") else -1
-    return test
+    save(path, solid(k, wh), fmt)
 
 
 # ---- one builder per registered dataset: a new dataset without one fails test_every_dataset_is_built -----
@@ -185,7 +78,7 @@ def _build_imagefolder(tmp_path):
 
 
 def _build_cityscapes(tmp_path):
-    from tests.federated.test_cityscapes import write_cityscapes
+    from recipes.smoke_data import write_cityscapes
 
     write_cityscapes(tmp_path)
     return DataConfig("cityscapes", root=str(tmp_path), store_size=32)
@@ -311,7 +204,7 @@ def test_tinyimagenet_labels_follow_wnids(tmp_path, point_at):
     root = base if point_at == "folder" else tmp_path
     data = load_dataset(DataConfig("tinyimagenet", root=str(root), val_fraction=0))
     assert data.classes == TINY_WNIDS and data.n_classes == 3
-    assert data.train_x.shape == (9, 64, 64, 3) and data.input_size == 224
+    assert data.train_x.shape == (9, 64, 64, 3) and data.input_size == 64  # Tables 1 and 8: 64^2
     assert data.train_y.tolist() == [train_owner[k] for k in _identify(data.train_x)]
     assert sorted(_identify(data.train_x)) == sorted(train_owner)
     assert _identify(data.test_x) == [20, 21, 22, 23]  # val_annotations.txt order
@@ -327,9 +220,9 @@ def test_tinyimagenet_small_store_trains_at_32(tmp_path):
 # ---- iNaturalist-GEO --------------------------------------------------------------------------------------
 
 
-def _inat(tmp_path, csv_path, **kw):
+def _inat(tmp_path, csv_path, **kw):  # held in memory to identify images (streaming: test_stream.py)
     return load_dataset(DataConfig("inat-geo", root=str(tmp_path / "images"), split_csv=csv_path,
-                                   store_size=8, val_fraction=0, **kw))
+                                   store_size=8, val_fraction=0, decode="memory", **kw))
 
 
 def test_inat_geo_natural_clients_labels_and_holdout(tmp_path):

@@ -150,7 +150,8 @@ def test_fedavg_aggregates_as_flowers_fedavg():
 
 @pytest.mark.parametrize("beta,server_lr", [(0.9, 1.0), (0.5, 0.7), (0.0, 1.3)])
 def test_fedavgm_aggregates_as_flowers_fedavgm(beta, server_lr):
-    """Hsu et al. 2019: v <- beta v + (w - avg), w <- w - lr v over three rounds, ours and flwr's FedAvgM.
+    """Hsu et al. 2019: v <- beta v + (w - avg), w <- w - lr v over three rounds, ours and flwr's FedAvgM
+    (Flower's is the heavy-ball form, so ours runs with nesterov=false; Nesterov is our default).
     Compared on parameters only: our rule averages BatchNorm buffers by samples and never moves them with
     the server momentum, while Flower's FedAvgM applies the momentum to every array it is sent."""
     _flower()
@@ -158,7 +159,8 @@ def test_fedavgm_aggregates_as_flowers_fedavgm(beta, server_lr):
     from flwr.serverapp.strategy import FedAvgM
 
     model, start, rounds, sizes = _rounds_of_updates()
-    ours = _ours("fedavgm", {"beta": beta, "server_lr": server_lr}, model, start, rounds, sizes)
+    ours = _ours("fedavgm", {"beta": beta, "server_lr": server_lr, "nesterov": False}, model, start, rounds,
+                 sizes)
     strategy = FedAvgM(server_momentum=beta, server_learning_rate=server_lr)
     # what configure_train records before the first round
     strategy.current_arrays = ArrayRecord({k: Array(v.numpy()) for k, v in start.items()})

@@ -145,6 +145,22 @@ def test_shards_k_labels_each_and_even_split_within_a_label(k):
         assert held.max() - held.min() <= 1
 
 
+def test_shards_niid_bench_deal_gives_client_i_label_i_mod_c_and_refuses_orphan_labels():
+    """NIID-Bench's code: client i holds label i mod C plus k - 1 others at random; a label nobody holds
+    would lose its samples, which is refused."""
+    labels = _labels(1, 3000, 10, skew=1.0)
+    cfg = PartitionConfig(name="shards", clients=20, labels_per_client=3, min_size=0, deal="niid-bench")
+    parts = partition(labels, cfg)
+    holders = np.asarray(summary(parts, labels, 10)["class_counts"]) > 0
+    assert (holders.sum(1) == 3).all() and all(holders[i, i % 10] for i in range(20))
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))
+    balanced = partition(labels, PartitionConfig(name="shards", clients=20, labels_per_client=3, min_size=0))
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, balanced, strict=True))
+    with pytest.raises(PartitionError, match="deal=niid-bench left"):
+        partition(labels, PartitionConfig(name="shards", clients=5, labels_per_client=2, min_size=0,
+                                          deal="niid-bench"))
+
+
 def test_quantity_sizes_vary_and_iid_sizes_do_not():
     labels = _labels(2, 5000, 10)
     sizes = [len(p) for p in partition(labels, PartitionConfig(name="quantity"))]
@@ -163,6 +179,9 @@ def test_noise_is_the_iid_split_with_a_per_client_sigma():
     assert client_noise(plain, 3) == 0.0 and client_noise(PartitionConfig(), 0) == 0.0
     with pytest.raises(PartitionError):
         client_noise(noisy, 4)
+    variance = PartitionConfig(name="noise", clients=4, noise=0.2, seed=5, noise_scale="variance")
+    np.testing.assert_allclose([client_noise(variance, i) for i in range(4)],  # NIID-Bench's text: a variance
+                               np.sqrt([0.0, 0.05, 0.1, 0.15]))
 
 
 def test_natural_groups_ignore_clients_and_enforce_min_size():

@@ -79,8 +79,8 @@ def test_pad_crop_draws_every_offset_and_both_flips():
     hits = (out[:, 0] > 0).nonzero()[:, 1:]  # (B, 2) as (row, col)
     assert len(hits) == 400
     rows, cols = set(hits[:, 0].tolist()), set(hits[:, 1].tolist())
-    assert rows == set(range(12, 21))  # 16 + 4 - y0 for y0 in 0..8
-    assert cols == set(range(11, 21))  # 16 + 4 - x0 unflipped, 31 - that flipped: 11..20
+    assert rows == set(range(14, 19))  # 16 + 2 - y0 for y0 in 0..4 (Appendix B.1: 2 px padding)
+    assert cols == set(range(13, 19))  # 16 + 2 - x0 unflipped, 31 - that flipped: 13..18
 
 
 def test_eval_batch_resizes_and_normalises():

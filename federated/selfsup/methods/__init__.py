@@ -1,0 +1,1 @@
+"""The federated self-supervised methods, one file each, registered in :data:`federated.selfsup.FED_SSL`."""
