@@ -23,7 +23,7 @@ rounds=${1:-10}
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "{\"load_before\": \"$(uptime | sed 's/.*load average: //')\", \"cpus\": $(nproc)}"
+echo "{\"load_before\": \"$(uptime | sed 's/.*load average: //')\", \"cpus\": $(getconf _NPROCESSORS_ONLN)}"
 settings=(--dataset digits --partition dirichlet --alpha 0.3 --clients 10 --seed 0)
 for engine in inprocess flower; do
     start=$(date +%s.%N)

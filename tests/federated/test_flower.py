@@ -9,8 +9,10 @@ test_flower_deploy.py (slow).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -422,3 +424,38 @@ def test_replies_are_matched_by_message_id_and_a_silent_client_times_out():
     grid = _Grid(answer={0, 2})
     replies = FlowerDispatch(grid, timeout_s=0.3)._exchange([None, None, None], 0.3)
     assert [r.metadata.reply_to_message_id if r else None for r in replies] == ["id0", None, "id2"]
+
+
+# ---- the shipped weights under flwr run -----------------------------------------------------------------
+def test_shipped_weights_are_found_from_a_flower_app_bundle(tmp_path):
+    """`flwr run .` runs the ServerApp from an installed copy of the app bundle, which carries source files
+    only: a shipped --init name resolves to the installed fpsfl checkout's weights/ file."""
+    import shutil
+
+    from federated.initialisation import SHIPPED, installed_checkout
+
+    checkout = installed_checkout()
+    there = [n for n, p in SHIPPED.items() if checkout and (checkout / "weights" / p.name).is_file()]
+    name = there[0] if there else None
+    if name is None:
+        pytest.skip("fpsfl is not installed from a checkout with shipped weights (pip install -e .)")
+    root = Path(__file__).resolve().parents[2]
+    for package in ("fpsfl", "fractals", "pretrain", "federated"):
+        shutil.copytree(root / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = (f"from federated.initialisation import shipped_path, WEIGHTS\n"
+            f"print(WEIGHTS.is_dir(), shipped_path({name!r}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120, check=True).stdout
+    assert out.split() == ["False", str(checkout / "weights" / SHIPPED[name].name)]
+
+
+def test_shipped_weights_out_of_reach_are_one_line_naming_the_path_to_pass(monkeypatch, tmp_path):
+    import federated.initialisation as init
+
+    monkeypatch.setattr(init, "WEIGHTS", tmp_path / "weights")
+    monkeypatch.setattr(init, "SHIPPED", {"fps-resnet20": tmp_path / "weights" / "fps-resnet20.ckpt"})
+    monkeypatch.setattr(init, "installed_checkout", lambda: None)
+    with pytest.raises(init.InitError, match=r"a Flower app bundle carries source files only.*"
+                                             r"init='/path/to/fpsfl/weights/fps-resnet20.ckpt'") as refused:
+        init.shipped_path("fps-resnet20")
+    assert "\n" not in str(refused.value)
