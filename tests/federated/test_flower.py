@@ -459,3 +459,29 @@ def test_shipped_weights_out_of_reach_are_one_line_naming_the_path_to_pass(monke
                                              r"init='/path/to/fpsfl/weights/fps-resnet20.ckpt'") as refused:
         init.shipped_path("fps-resnet20")
     assert "\n" not in str(refused.value)
+
+
+# ---- the ClientApp's cold start ----------------------------------------------------------------------------
+HEAVY = ("numba", "matplotlib", "analysis", "scipy", "sklearn", "pandas", "lightly", "torchvision")
+
+
+def _imports(module: str) -> set[str]:
+    code = f"import sys, {module}\nprint(*sorted({{m.split('.')[0] for m in sys.modules}}))"
+    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              check=True).stdout.split())
+
+
+def test_the_clientapp_process_imports_neither_torch_nor_the_run():
+    """Each of Flower's per-message flwr-clientapp processes imports the app module: with a warm worker it
+    only forwards the message, so it must not pay for torch (1.8 CPU-s of the 2-vCPU VM) or our code."""
+    _flower()
+    loaded = _imports("federated.flower.client_app")
+    assert not loaded & {"torch", "pretrain", "fractals", *HEAVY}, loaded
+
+
+def test_the_training_path_imports_nothing_it_does_not_use():
+    """A ClientApp or worker that trains imports torch and the client step, never the renderer (numba),
+    plotting, the analyses or other heavy libraries."""
+    _flower()
+    loaded = _imports("federated.flower.node")
+    assert "torch" in loaded and not loaded & set(HEAVY), loaded

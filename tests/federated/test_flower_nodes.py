@@ -9,6 +9,8 @@ these tests run in seconds; the same over real SuperNode processes is test_flowe
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -235,3 +237,49 @@ def test_a_federation_of_another_size_is_refused_at_once(tmp_path):
                                           "num-partitions=2") as refused:
         _serve(LocalGrid(3, {"num-partitions": 2}), tmp_path)
     assert "\n" not in str(refused.value)
+
+
+# ---- the warm worker ---------------------------------------------------------------------------------------
+@pytest.fixture
+def worker(tmp_path):
+    """A node worker (python -m federated.flower.worker) serving a socket, stopped after the test."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "sock"
+    folder.mkdir(mode=0o700)
+    sock = folder / "node.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "federated.flower.worker", str(sock)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not sock.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert not sock.exists()  # the worker removes its socket when stopped
+
+
+def test_nodes_with_a_warm_worker_give_the_run_of_nodes_that_train_themselves(tmp_path, worker, capsys):
+    """SCAFFOLD, whose client state travels to the worker and back in the Context: the same metrics,
+    weights and state; a node whose worker is gone (client 2's) trains itself, saying so in one line."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the worker
+    try:
+        _serve(LocalGrid(3), tmp_path / "itself", algo="scaffold")
+        grid = LocalGrid(3, {"worker": str(worker)})
+        grid.add_node(102, 2, {"worker": str(tmp_path / "gone.sock")})
+        _serve(grid, tmp_path / "worker", algo="scaffold")
+    finally:
+        torch.set_num_threads(threads)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(_rows(tmp_path / "itself")) == strip(_rows(tmp_path / "worker"))
+    a, b = (torch.load(tmp_path / run / "state.pt", weights_only=False) for run in ("itself", "worker"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    ca, cb = a["algo"]["server"]["c"], b["algo"]["server"]["c"]
+    assert ca.keys() == cb.keys() and all(torch.equal(ca[k], cb[k]) for k in ca)
+    assert "no worker at" in capsys.readouterr().err
