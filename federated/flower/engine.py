@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 
 from flwr.app import Context
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
@@ -27,11 +28,11 @@ from .client_app import app as client_app
 from .server_app import dispatch_for
 
 
-def simulate(cfg: FederateConfig, opts: RunOptions,
-             rounds: Callable[[Dispatch | None], list[dict]]) -> list[dict]:
-    """``rounds(dispatch)`` (the run's round loop) as a ServerApp, with one simulated SuperNode per client;
-    returns its metrics rows (a :data:`federated.runner.Host`). An exception in the round loop reaches the
-    caller as it was raised."""
+def simulate(cfg: FederateConfig, opts: RunOptions, rounds: Callable[[Dispatch | None], list[dict]],
+             clients: ClientApp = client_app) -> list[dict]:
+    """``rounds(dispatch)`` (the run's round loop) as a ServerApp, with one simulated SuperNode per client
+    running ``clients`` (the app's ClientApp; tests wrap it); returns its metrics rows (a
+    :data:`federated.runner.Host`). An exception in the round loop reaches the caller as it was raised."""
     rows: list[dict] = []
     server = ServerApp()
 
@@ -48,7 +49,7 @@ def simulate(cfg: FederateConfig, opts: RunOptions,
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # Ray's note on accelerator variables
-            run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.clients,
+            run_simulation(server_app=server, client_app=clients, num_supernodes=cfg.clients,
                            backend_config=backend)
     finally:
         flwr_log.setLevel(level)
