@@ -485,3 +485,51 @@ def test_the_training_path_imports_nothing_it_does_not_use():
     _flower()
     loaded = _imports("federated.flower.node")
     assert "torch" in loaded and not loaded & set(HEAVY), loaded
+
+
+# ---- Flower's conventions: evaluate, proximal-mu -----------------------------------------------------------
+def test_evaluate_tests_the_global_model_on_the_clients_own_data():
+    """@app.evaluate (a Flower strategy's evaluation round, fraction_evaluate=1.0 by default): the global
+    model on the node's partition, as a MetricRecord a strategy averages by num-examples."""
+    _flower()
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    from federated.flower.client_app import evaluate
+    from federated.setup import setup
+
+    cfg = FederateConfig(**TINY)
+    s = setup(cfg, torch.device("cpu"))
+    config = ConfigRecord({"server-round": 1, "fpsfl-config": json.dumps(cfg.to_dict())})
+    content = RecordDict({"arrays": ArrayRecord({k: v.detach() for k, v in s.model.state_dict().items()}),
+                          "config": config})
+    reply = evaluate(_train_message(content), _context())
+    part = s.parts[0]
+    expected = s.task.evaluate(s.model, s.data.train_x[part], s.data.train_y[part])
+    metrics = reply.content["metrics"]
+    assert metrics["num-examples"] == len(part)
+    assert metrics["eval-acc"] == pytest.approx(expected["acc"]) and metrics["eval-loss"] == pytest.approx(
+        expected["loss"], rel=1e-5)
+
+
+def test_flowers_fedprox_proximal_mu_trains_fedprox_with_that_mu():
+    """Flower's FedProx strategy sends proximal-mu: a FedAvg run config then trains FedProx with that mu
+    (the reply equals our FedProx's); with an algorithm that is not FedAvg or FedProx it is an Error reply."""
+    _flower()
+    from federated import flower
+    from federated.flower.client_app import train
+    from federated.setup import setup
+
+    def reply(algo, extra=None, **algo_args):
+        cfg = FederateConfig(algo=algo, algo_args=algo_args, **TINY)
+        message = _server_message(setup(FederateConfig(**TINY), torch.device("cpu")), cfg, 0, 0)
+        message.content["config"].update(extra or {})
+        return train(message, _context())
+
+    arrays = lambda r: r.content["arrays"].to_torch_state_dict()  # noqa: E731
+    via_flower = arrays(reply("fedavg", {"proximal-mu": 0.5}))
+    ours, plain = arrays(reply("fedprox", mu=0.5)), arrays(reply("fedavg"))
+    assert all(torch.equal(via_flower[k], ours[k]) for k in ours)
+    assert not all(torch.equal(plain[k], ours[k]) for k in ours)
+    refused = reply("scaffold", {"proximal-mu": 0.5})
+    assert refused.has_error() and refused.error.code == flower.ERROR_CODES["config"]
+    assert "proximal-mu" in refused.error.reason
