@@ -61,7 +61,7 @@ def main(tmp: Path, runs: list[str]) -> None:
                   "flower_overhead_startup_s": round(b["first_round_s"] - a["first_round_s"], 2),
                   "flower_overhead_per_round_s": round(b["round_s"] - a["round_s"], 3),
                   "same_test_accs": a["test_accs"] == b["test_accs"]}
-    for run in ("deployment", "deployment-cold"):
+    for run in ("deployment", "deployment-insecure", "deployment-cold"):
         if run in out:
             comparison[f"{run}_vs_simulated_round"] = round(out[run]["round_s"] / b["round_s"], 2)
             comparison[f"{run}_same_test_accs"] = out[run]["test_accs"] == b["test_accs"][:out[run]["rounds"]]
