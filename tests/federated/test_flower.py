@@ -88,7 +88,8 @@ def test_flower_resume_names_the_clients_whose_context_is_gone(tmp_path, one_thr
 
     _run(tmp_path / "flower", "flower", "scaffold", stop_after=1)
     state = torch.load(tmp_path / "flower" / "state.pt", weights_only=False)
-    assert state["algo"]["clients"] == [{"in-context": True}] * 3 and "c" in state["algo"]["server"]
+    assert state["algo"]["clients"] == [{"in-context": True, "round": 1}] * 3
+    assert "c" in state["algo"]["server"]
     with pytest.raises(FlowerError, match=r"client\(s\) 0, 1, 2: their scaffold state is gone") as info:
         _run(tmp_path / "flower", "flower", "scaffold", resume=True)
     assert "\n" not in str(info.value)
@@ -358,8 +359,9 @@ def test_run_config_overrides_are_typed_and_round_trip():
 @pytest.mark.slow  # a Flower simulation and an in-process run: about 40 s on the 2-core CPU VM
 def test_our_clientapp_under_flowers_fedavg_strategy_matches_the_inprocess_engine(tmp_path, one_thread):
     """flwr.serverapp.strategy.FedAvg drives our ClientApp with Flower's standard train message (the
-    global ``arrays`` and a ``config``; our federate config rides in it as ``fpsfl-config``); its round
-    gives the in-process engine's FedAvg weights within float tolerance. One round: Flower averages in
+    global ``arrays`` and a ``config``; our federate config rides in it as ``fpsfl-config``), and its
+    evaluation round (the default fraction_evaluate=1.0) with @app.evaluate; its round gives the in-process
+    engine's FedAvg weights within float tolerance. One round: Flower averages in
     float32 and keeps the BatchNorm batch counts as fractions, ours in float64 with integer counts; that
     1e-7 difference, trained on for another round of small BatchNorm batches, grew to 1e-2 (measured)."""
     _ray()
@@ -374,21 +376,26 @@ def test_our_clientapp_under_flowers_fedavg_strategy_matches_the_inprocess_engin
     _run(tmp_path / "inprocess", "inprocess", "fedavg", {"rounds": 1})
     cfg = FederateConfig(algo="fedavg", **{**TINY, "rounds": 1})
     initial = setup(cfg, torch.device("cpu")).model.state_dict()
-    final = []
+    final, evaluated = [], []
     server = ServerApp()
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=cfg.clients, min_available_nodes=cfg.clients)
+        strategy = FedAvg(min_train_nodes=cfg.clients, min_available_nodes=cfg.clients,
+                          min_evaluate_nodes=cfg.clients)
+        fpsfl_config = ConfigRecord({"fpsfl-config": json.dumps(cfg.to_dict())})
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=cfg.rounds,
-                                train_config=ConfigRecord({"fpsfl-config": json.dumps(cfg.to_dict())}))
+                                train_config=fpsfl_config, evaluate_config=fpsfl_config)
         final.append(result.arrays.to_torch_state_dict())
+        evaluated.append(result.evaluate_metrics_clientapp)
 
     run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.clients,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0},
                                    "init_args": {"include_dashboard": False}})
     ours = torch.load(tmp_path / "inprocess" / "final.pt", weights_only=True)["model"]
     assert final and final[0].keys() == ours.keys()
+    metrics = evaluated[0][cfg.rounds]  # the clients' eval-acc, averaged by num-examples
+    assert 0.0 <= metrics["eval-acc"] <= 1.0 and metrics["eval-loss"] > 0
     for key, value in ours.items():
         if value.is_floating_point():  # integer buffers: ours rounds back to int64, Flower's stays float
             assert torch.allclose(final[0][key].to(value.dtype), value, rtol=1e-5, atol=1e-6), key
