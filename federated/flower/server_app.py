@@ -85,6 +85,8 @@ class FlowerDispatch:
         messages = [self._message(s, cfg, config, plan, i, nodes[c]) for i, c in sent]
         if bar is not None:
             bar.set_postfix_str(f"{len(messages)} Flower clients")
+        # late replies are watched for two rounds (Flower answers an expired message's id with an error)
+        self.late = {i: who for i, who in self.late.items() if who[1] >= plan.rnd - 1}
         answers = self._exchange(messages, self.timeout_s, [(c, plan.rnd + 1) for _, c in sent])
         replies = dict(zip([c for _, c in sent], answers, strict=True))
         missing = {c: "no Flower node online" for c in plan.selected if c not in nodes}
