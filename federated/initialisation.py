@@ -12,7 +12,10 @@ reads any plain state-dict file instead.
 from __future__ import annotations
 
 import hashlib
+import json
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import torch
 from torch import nn
@@ -35,10 +38,36 @@ SHIPPED = {"fps-resnet20": WEIGHTS / "fps-resnet20.ckpt",
            "fps-resnet20-cpu-524k": WEIGHTS / "fps-resnet20-cpu-524k.ckpt"}
 
 
+def shipped_file(name: str) -> Path:
+    """Where the shipped checkpoint ``name`` is: in this copy's weights/, else in the weights/ of the fpsfl
+    checkout installed in this Python (``pip install -e``). A Flower app bundle (``flwr run .``) carries only
+    source files, so the ServerApp's copy of the code has no weights/ of its own."""
+    path = SHIPPED[name]
+    if path.is_file():
+        return path
+    checkout = installed_checkout()
+    there = checkout / "weights" / path.name if checkout else path
+    return there if there.is_file() else path
+
+
+def installed_checkout() -> Path | None:
+    """The folder of the fpsfl checkout this Python has installed in editable mode, if any."""
+    try:
+        url = json.loads(distribution("fpsfl").read_text("direct_url.json") or "{}").get("url", "")
+    except (PackageNotFoundError, ValueError):
+        return None
+    return Path(unquote(urlparse(url).path)) if url.startswith("file://") else None
+
+
 def shipped_path(name: str) -> Path:
     """The file behind a shipped checkpoint name; an absent or unfinished one is a one-line error (a CPU run
     that ships in parts keeps its final name, but is refused until its last epoch is written)."""
-    path = SHIPPED[name]
+    path = shipped_file(name)
+    if not path.is_file() and not WEIGHTS.is_dir():  # a Flower app bundle, without an fpsfl checkout beside
+        raise InitError(f"--init {name}: this copy of fpsfl ({WEIGHTS.parent}) has no weights/ (a Flower app "
+                        f"bundle carries source files only) and no fpsfl checkout with {path.name} is "
+                        f"installed here; pass the checkpoint's absolute path, e.g. "
+                        f"init='/path/to/fpsfl/weights/{path.name}'")
     if not path.is_file():
         raise InitError(f"--init {name}: this copy of fpsfl ships no {path.name} (see weights/README.md); "
                         f"pre-train one (pretrain fps --epochs 100 --out fps.ckpt) and pass --init fps.ckpt")
@@ -57,7 +86,7 @@ def shipped_progress(path: Path) -> tuple[int, int]:
 
 def shipped_ready(name: str) -> bool:
     """Whether the shipped checkpoint ``name`` exists and is finished."""
-    path = SHIPPED[name]
+    path = shipped_file(name)
     if not path.is_file():
         return False
     done, total = shipped_progress(path)

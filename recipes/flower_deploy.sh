@@ -1,41 +1,71 @@
 #!/usr/bin/env bash
 # The fpsfl Flower app (pyproject.toml [tool.flwr.app]) across machines (Flower, Beutel et al. 2020), shown on
-# one: a SuperLink, one SuperNode per client and `flwr run .`, all on 127.0.0.1 without TLS. The ServerApp
-# runs federate's round loop and writes the run directory OUT; SuperNode i is client i (node config
-# partition-id=i) and trains on its own data only: with SHARDS=DIR (federate export-partitions --out DIR, the
-# same data and partition settings) it loads only DIR's shard i (node config data-dir) and the server checks
-# its hash against DIR's manifest (run config shards); without, it draws its partition from the whole
-# dataset (data-root=$DATA_ROOT when set).
+# one: a SuperLink, one SuperNode per client and `flwr run .`, all on 127.0.0.1. By default the deployment is
+# the one to run across real machines: TLS with certificates made here (python -m federated.flower.tls), and
+# SuperNode authentication: the SuperLink runs with --enable-supernode-auth, node i's key is registered as
+# fpsfl-client-i (flwr supernode register), and the ServerApp serves client i only through that node (run
+# config node-names). The ServerApp runs federate's round loop and writes the run directory OUT. SuperNode i
+# is client i (node config partition-id=i) and trains on its own data only: with SHARDS=DIR (federate
+# export-partitions --out DIR, the same data and partition settings) it loads only DIR's shard i (node config
+# data-dir) and the server checks its hash against DIR's manifest (run config shards); without, it draws its
+# partition from the whole dataset (data-root=$DATA_ROOT when set). Each SuperNode has a warm worker
+# (python -m federated.flower.worker) that keeps torch, the shard and the model loaded across Flower's
+# per-message ClientApp processes (node config worker).
 # Usage: bash recipes/flower_deploy.sh OUT [run-config entries]   (the fpsfl venv active, pip install -e
 #   ".[flower]"); the entries are the app's typed keys, e.g.
 #   CLIENTS=2 bash recipes/flower_deploy.sh runs/flower-digits num-server-rounds=1 local-epochs=1 "algo='moon'"
 # Federated self-pre-training (docs/self-pretraining.md): OUT a checkpoint, sp.ckpt (its run directory sp.run/
 #   beside it), and the entry "self-pretrain='orchestra'".
-# A failure drill: KILL=I:R:S kills SuperNode I (SIGKILL, its process group) when round R starts and starts it
-#   again when round S starts; give the run "min-replies=0.8 flower-timeout=60" so the rounds go on without it.
-# On real machines, the same commands with the SuperLink's address (and TLS certificates, not --insecure):
-#   A:       flower-superlink --insecure --host 0.0.0.0 --port 9093 --disable-runtime-dependency-installation
-#   client i: flower-supernode --insecure --superlink A:9093 --node-config "partition-id=i data-dir='/shards'"
-#   anywhere: flwr run . <connection> --run-config "clients=N out='/abs/run' shards='/shards' ..."
-#   (<connection>: [superlink.<connection>] address = "A:9093", insecure = true in $FLWR_HOME/config.toml)
+# Settings: SECURE=0 (no TLS, no authentication: the insecure loopback of flwr's quickstart), WORKERS=0 (each
+#   message trains in its own cold ClientApp process), WORK=DIR (keep the logs, certificates, keys and phase
+#   log in DIR, which is left in place; by default a temporary folder, removed on exit), PHASES=1 (each
+#   ClientApp and worker logs its cold-start phases to $WORK/phases.jsonl: federated/flower/phases.py).
+# Failure drills: KILL=I:R:S kills SuperNode I (SIGKILL, its process group) when round R starts and starts it
+#   again when round S starts; SLOW=I:R:S makes SuperNode I sleep S seconds before training round R (give
+#   the run "min-replies=0.8 flower-timeout=60" so the rounds go on without it); INTRUDE=J:P (secure only)
+#   starts two more SuperNodes that claim partition-id P: one with a key never registered (the SuperLink
+#   refuses it) and one registered as client J's (the ServerApp leaves it out, in one line naming both).
+# On real machines, the same commands with the SuperLink's address (A) in the certificate and the commands:
+#   A:        python -m federated.flower.tls certs tls --host A; flower-superlink --ssl-ca-certfile tls/ca.pem
+#             --ssl-certfile tls/server.pem --ssl-keyfile tls/server.key --enable-supernode-auth --host 0.0.0.0
+#             --port 9093 --disable-runtime-dependency-installation
+#   client i: python -m federated.flower.tls keys keys node-i (send node-i.pub to A's operator, who runs
+#             flwr supernode register node-i.pub <connection> --name fpsfl-client-i); then
+#             python -m federated.flower.worker /run/fpsfl/node.sock & flower-supernode --root-certificates
+#             ca.pem --superlink A:9093 --auth-supernode-private-key keys/node-i.key
+#             --node-config "partition-id=i data-dir='/shards' worker='/run/fpsfl/node.sock'"
+#   anywhere: flwr run . <connection> --run-config "clients=N out='/abs/run' shards='/shards'
+#             node-names='fpsfl-client-{i}' ..."   (<connection>: [superlink.<connection>] address = "A:9093",
+#             root-certificates = "/abs/ca.pem" in $FLWR_HOME/config.toml)
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 OUT [run-config entries]" >&2; exit 2; }
 OUT=$(realpath -m "$1"); shift
 CLIENTS=${CLIENTS:-2}
 TIMEOUT=${TIMEOUT:-1800}  # s for the whole run
+SECURE=${SECURE:-1}
+WORKERS=${WORKERS:-1}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-work=${WORK:-$(mktemp -d)}  # logs, and FLWR_HOME: Flower's config and installed apps, kept out of ~/.flwr
-export FLWR_HOME="$work/flwr"
-mkdir -p "$FLWR_HOME"
-pids=()  # the SuperLink and the drill; each SuperNode's process group id is in $work/supernode<i>.pid
+if [ -n "${WORK:-}" ]; then  # the user's folder: left in place, with what this run wrote in it
+    work=$(realpath -m "$WORK"); mkdir -p "$work"; made_work=0
+else
+    work=$(mktemp -d); made_work=1
+fi
+[ -z "${INTRUDE:-}" ] || [ "$SECURE" = 1 ] || { echo "$0: INTRUDE needs SECURE=1" >&2; exit 2; }
+export FLWR_HOME="$work/flwr"  # Flower's config and installed apps, kept out of ~/.flwr
+mkdir -p "$FLWR_HOME" "$work/logs"
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/fpsfl-deploy.XXXXXX")  # pid files, worker sockets: removed on exit
+chmod 700 "$run_dir"  # the workers answer their own user only; the folder keeps the sockets private too
+[ "${PHASES:-0}" = 0 ] || export FPSFL_CLIENT_PHASES="$work/phases.jsonl"
+pids=()  # the SuperLink and the drills; each SuperNode's process group id is in $run_dir/node<i>.pid
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2> /dev/null || true; done
-    for file in "$work"/supernode*.pid; do [ -f "$file" ] && kill -- "-$(cat "$file")" 2> /dev/null || true; done
+    for file in "$run_dir"/node*.pid; do [ -f "$file" ] && kill -- "-$(cat "$file")" 2> /dev/null || true; done
     wait 2> /dev/null || true
-    rm -rf "$work"
+    rm -rf "$run_dir"
+    if [ "$made_work" = 1 ]; then rm -rf "$work"; fi
 }
 trap cleanup EXIT
-read -r -a ports <<< "$(python - "$((CLIENTS + 1))" <<'PY'
+read -r -a ports <<< "$(python - "$((CLIENTS + 3))" <<'PY'
 import socket, sys
 socks = [socket.socket() for _ in range(int(sys.argv[1]))]
 for s in socks:
@@ -44,57 +74,108 @@ print(*[s.getsockname()[1] for s in socks])
 PY
 )"
 link=127.0.0.1:${ports[0]}
-printf '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "%s"\ninsecure = true\n' "$link" \
+if [ "$SECURE" = 1 ]; then
+    tls="$work/tls"
+    python -m federated.flower.tls certs "$tls" --host 127.0.0.1 --host localhost
+    names=(); for ((i = 0; i < CLIENTS; i++)); do names+=("node-$i"); done
+    [ -z "${INTRUDE:-}" ] || names+=(intruder stranger)
+    python -m federated.flower.tls keys "$tls" "${names[@]}"
+    link_flags=(--ssl-ca-certfile "$tls/ca.pem" --ssl-certfile "$tls/server.pem" --ssl-keyfile "$tls/server.key"
+                --enable-supernode-auth)
+    connection="root-certificates = \"$tls/ca.pem\""
+else
+    link_flags=(--insecure)
+    connection="insecure = true"
+fi
+printf '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "%s"\n%s\n' "$link" "$connection" \
     > "$FLWR_HOME/config.toml"
-flower-superlink --insecure --host 127.0.0.1 --port "${ports[0]}" --disable-runtime-dependency-installation \
-    > "$work/superlink.log" 2>&1 &
+flower-superlink "${link_flags[@]}" --host 127.0.0.1 --port "${ports[0]}" \
+    --disable-runtime-dependency-installation > "$work/logs/superlink.log" 2>&1 &
 pids+=($!)
-python - "$link" <<'PY'  # wait for the SuperLink to listen
+python - "$link" "$!" <<'PY'  # wait for the SuperLink to listen (or to have exited)
 import socket, sys, time
 host, port = sys.argv[1].split(":")
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
 for _ in range(600):
     try:
         socket.create_connection((host, int(port)), timeout=1).close()
         break
     except OSError:
+        if not alive(sys.argv[2]):
+            sys.exit("flower_deploy: the SuperLink exited (logs/superlink.log)")
         time.sleep(0.1)
 else:
-    sys.exit("the SuperLink did not start")
+    sys.exit("flower_deploy: the SuperLink did not start listening (logs/superlink.log)")
 PY
-start_node() {  # SuperNode $1 in a process group of its own (its ClientApp processes too)
-    local config="partition-id=$1"
+register() {  # register key $1 under the name $2 (a SuperLink with --enable-supernode-auth admits only these)
+    local i
+    for i in $(seq 1 50); do  # its Control API may still be starting
+        flwr supernode register "$tls/$1.pub" loopback --name "$2" >> "$work/logs/register.log" 2>&1 && return
+        sleep 0.2
+    done
+    echo "flower_deploy: could not register SuperNode key $1 (logs/register.log)" >&2; exit 1
+}
+if [ "$SECURE" = 1 ]; then
+    for ((i = 0; i < CLIENTS; i++)); do register "node-$i" "fpsfl-client-$i"; done
+fi
+start_node() {  # SuperNode $1 (key $2, partition-id $3) and its worker, in a process group of their own
+    local node=$1 key=$2 pid=$3 port=$4
+    local config="partition-id=$pid num-partitions=$CLIENTS"
     [ -z "${DATA_ROOT:-}" ] || config="$config data-root='$DATA_ROOT'"
     [ -z "${SHARDS:-}" ] || config="$config data-dir='$(realpath "$SHARDS")'"
-    setsid flower-supernode --insecure --superlink "$link" --port "${ports[$(($1 + 1))]}" \
-        --node-config "$config" >> "$work/supernode$1.log" 2>&1 &
-    echo $! > "$work/supernode$1.pid"
+    if [ -n "${SLOW:-}" ] && [ "${SLOW%%:*}" = "$node" ]; then config="$config drill-sleep='${SLOW#*:}'"; fi
+    local flags=(--insecure)
+    [ "$SECURE" = 0 ] || flags=(--root-certificates "$tls/ca.pem" --auth-supernode-private-key "$tls/$key.key")
+    local sock=""
+    if [ "$WORKERS" = 1 ]; then sock="$run_dir/$node.sock"; config="$config worker='$sock'"; fi
+    # $1: the worker's socket ("": none), $2: its log; the rest: the SuperNode's arguments
+    setsid bash -c 'if [ -n "$1" ]; then python -m federated.flower.worker "$1" >> "$2" 2>&1 & fi
+                    shift 2; exec flower-supernode "$@"' _ "$sock" "$work/logs/worker-$node.log" \
+        "${flags[@]}" --superlink "$link" --port "$port" --node-config "$config" \
+        >> "$work/logs/supernode-$node.log" 2>&1 &
+    echo $! > "$run_dir/node$node.pid"
 }
-for ((i = 0; i < CLIENTS; i++)); do start_node "$i"; done
-done_file=$OUT/final.pt run_dir=$OUT  # self-pre-training: the checkpoint OUT, the run directory beside it
-case $OUT in *.ckpt) done_file=$OUT run_dir=${OUT%.ckpt}.run ;; esac
-rounds_done() { if [ -f "$run_dir/metrics.jsonl" ]; then wc -l < "$run_dir/metrics.jsonl"; else echo 0; fi; }
+for ((i = 0; i < CLIENTS; i++)); do start_node "$i" "node-$i" "$i" "${ports[$((i + 1))]}"; done
+node_names=""
+[ "$SECURE" = 0 ] || node_names="node-names='fpsfl-client-{i}'"
+if [ -n "${INTRUDE:-}" ]; then  # a registered node with another client's partition-id, and an unregistered one
+    IFS=: read -r as claims <<< "$INTRUDE"
+    register intruder "fpsfl-client-$as"
+    start_node intruder intruder "$claims" "${ports[$((CLIENTS + 1))]}"
+    start_node stranger stranger "$claims" "${ports[$((CLIENTS + 2))]}"
+fi
+done_file=$OUT/final.pt out_dir=$OUT  # self-pre-training: the checkpoint OUT, the run directory beside it
+case $OUT in *.ckpt) done_file=$OUT out_dir=${OUT%.ckpt}.run ;; esac
+rounds_done() { if [ -f "$out_dir/metrics.jsonl" ]; then wc -l < "$out_dir/metrics.jsonl"; else echo 0; fi; }
 if [ -n "${KILL:-}" ]; then
     IFS=: read -r node kill_round start_round <<< "$KILL"
     (
         while [ "$(rounds_done)" -lt $((kill_round - 1)) ]; do sleep 0.1; done
-        kill -9 -- "-$(cat "$work/supernode$node.pid")"
+        kill -9 -- "-$(cat "$run_dir/node$node.pid")"
         echo "flower_deploy: killed SuperNode $node as round $kill_round started" >&2
         while [ "$(rounds_done)" -lt $((start_round - 1)) ]; do sleep 0.1; done
-        start_node "$node"
+        start_node "$node" "node-$node" "$node" "${ports[$((node + 1))]}"
         echo "flower_deploy: started SuperNode $node again as round $start_round started" >&2
     ) &
     pids+=($!)
 fi
-run_config="clients=$CLIENTS out='$OUT' $*"
+run_config="clients=$CLIENTS out='$OUT' $node_names $*"
 [ -z "${SHARDS:-}" ] || run_config="$run_config shards='$(realpath "$SHARDS")'"
 timeout "$TIMEOUT" flwr run "$ROOT" loopback --stream --run-config "$run_config" \
-    > "$work/flwr-run.log" 2>&1 || true
+    > "$work/logs/flwr-run.log" 2>&1 || true
 if [ ! -f "$done_file" ]; then  # the ServerApp writes final.pt (or the checkpoint) after its last round
-    tail -n 40 "$work"/*.log >&2
+    tail -n 40 "$work"/logs/*.log >&2
     echo "flower_deploy: the run did not finish (logs above)" >&2
     exit 1
 fi
-python - "$run_dir/metrics.jsonl" <<'PY'
+python - "$out_dir/metrics.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 last = {k: round(rows[-1][k], 4) for k in ("test_acc", "loss") if k in rows[-1]}  # federate's or SP's

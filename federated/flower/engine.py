@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flwr.app import Context
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
@@ -29,11 +30,13 @@ from .server_app import dispatch_for
 
 
 def simulate(cfg: FederateConfig, opts: RunOptions, rounds: Callable[[Dispatch | None], list[dict]],
-             make_dispatch: Callable[[Grid], Any] | None = None) -> list[dict]:
-    """``rounds(dispatch)`` (the run's round loop) as a ServerApp, with one simulated SuperNode per client;
-    returns its metrics rows (a :data:`federated.runner.Host`). An exception in the round loop reaches the
-    caller as it was raised. ``make_dispatch(grid)``: the dispatcher (default: federate's, for these
-    options; self-pre-training's is :class:`.selfsup.SelfPretrainDispatch`)."""
+             make_dispatch: Callable[[Grid], Any] | None = None,
+             clients: ClientApp = client_app) -> list[dict]:
+    """``rounds(dispatch)`` (the run's round loop) as a ServerApp, with one simulated SuperNode per client
+    running ``clients`` (the app's ClientApp; tests wrap it); returns its metrics rows (a
+    :data:`federated.runner.Host`). An exception in the round loop reaches the caller as it was raised.
+    ``make_dispatch(grid)``: the dispatcher (default: federate's, for these options; self-pre-training's is
+    :class:`.selfsup.SelfPretrainDispatch`)."""
     rows: list[dict] = []
     server = ServerApp()
 
@@ -50,7 +53,7 @@ def simulate(cfg: FederateConfig, opts: RunOptions, rounds: Callable[[Dispatch |
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # Ray's note on accelerator variables
-            run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.clients,
+            run_simulation(server_app=server, client_app=clients, num_supernodes=cfg.clients,
                            backend_config=backend)
     finally:
         flwr_log.setLevel(level)

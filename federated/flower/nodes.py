@@ -82,6 +82,7 @@ class NodeBook:
         self.strangers &= set(online)  # one that went offline and came back is asked again
         new = sorted(set(online) - set(self.nodes.values()) - self.strangers)
         queries = [Message(RecordDict(), dst_node_id=node, message_type="query", ttl=QUERY_S) for node in new]
+        claims = []  # (node, its registered name, the partition-id it reports)
         for node, reply in zip(new, self.exchange(queries, QUERY_S), strict=True):
             if reply is None or reply.has_error():
                 continue
@@ -91,11 +92,15 @@ class NodeBook:
                 raise FlowerError(f"the run has clients={clients}, but its Flower federation has "
                                   f"num-partitions={partitions} (e.g. flwr run's --federation-config "
                                   f"num-supernodes={partitions}); make the two equal")
-            pid = int(facts["partition-id"])
-            if self.names is None:
+            claims.append((node, str(getattr(online[node], "name", "") or ""), int(facts["partition-id"])))
+        if self.names is None:
+            for node, _, pid in claims:
                 self._trust(node, pid, clients)
-            else:
-                self._bind(node, str(getattr(online[node], "name", "") or ""), pid, clients)
+            return
+        names = self.names
+        claims.sort(key=lambda c: c[1] not in names or names.index(c[1]) != c[2])  # the rightful first
+        for node, name, pid in claims:
+            self._bind(node, name, pid, clients)
 
     def _trust(self, node: int, pid: int, clients: int) -> None:
         """No identities to check: the node serves the partition-id it reports; the newest node wins."""

@@ -47,6 +47,10 @@ class Phases:
         if since_start:  # the time before this object: the process's own start-up
             self.cpu["runtime"], self.wall["runtime"] = round(self._cpu, 3), round(process_age(), 3)
 
+    def restart(self) -> None:
+        """Start the next phase now (the time since the last mark, e.g. idle, is not counted)."""
+        self._cpu, self._wall = time.process_time(), time.perf_counter()
+
     def mark(self, phase: str) -> None:
         """The phase that ends now (a phase marked twice adds up)."""
         cpu, wall = time.process_time(), time.perf_counter()

@@ -51,6 +51,9 @@ from .replies import Refused, error_kind, read_reply
 from .run_config import options_from_run_config
 
 PULL_S = 0.1  # between pulls for replies
+# flwr.common.constant.ErrorCode's MESSAGE_UNAVAILABLE and REPLY_MESSAGE_UNAVAILABLE: the SuperLink's answer
+# for a message (or reply) whose ttl, the round's timeout, ran out
+EXPIRED = (3, 4)
 
 
 class FlowerDispatch:
@@ -82,6 +85,8 @@ class FlowerDispatch:
         messages = [self._message(s, cfg, config, plan, i, nodes[c]) for i, c in sent]
         if bar is not None:
             bar.set_postfix_str(f"{len(messages)} Flower clients")
+        # late replies are watched for two rounds (Flower answers an expired message's id with an error)
+        self.late = {i: who for i, who in self.late.items() if who[1] >= plan.rnd - 1}
         answers = self._exchange(messages, self.timeout_s, [(c, plan.rnd + 1) for _, c in sent])
         replies = dict(zip([c for _, c in sent], answers, strict=True))
         missing = {c: "no Flower node online" for c in plan.selected if c not in nodes}
@@ -89,8 +94,9 @@ class FlowerDispatch:
         lost = []
         for i, client in sent:
             reply = replies[client]
-            if reply is None:
-                missing[client] = f"no reply within --flower-timeout {self.timeout_s:g} s"
+            if reply is None or (reply.has_error() and int(reply.error.code) in EXPIRED):
+                limit = f"--flower-timeout {self.timeout_s:g} s" if self.timeout_s else "its message's ttl"
+                missing[client] = f"no reply within {limit}"
             elif error_kind(reply) == "lost":
                 lost.append(client)
             elif error_kind(reply) == "diverged":  # the round loop adds the round to its one line

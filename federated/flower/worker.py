@@ -82,6 +82,7 @@ def serve(path: Path) -> None:
         cold = True
         while True:
             conn, _ = sock.accept()
+            phases.restart()  # the wait for a message is no phase of its work
             with conn:
                 if not _same_user(conn):
                     continue

@@ -9,8 +9,10 @@ test_flower_deploy.py (slow).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -86,7 +88,8 @@ def test_flower_resume_names_the_clients_whose_context_is_gone(tmp_path, one_thr
 
     _run(tmp_path / "flower", "flower", "scaffold", stop_after=1)
     state = torch.load(tmp_path / "flower" / "state.pt", weights_only=False)
-    assert state["algo"]["clients"] == [{"in-context": True}] * 3 and "c" in state["algo"]["server"]
+    assert state["algo"]["clients"] == [{"in-context": True, "round": 1}] * 3
+    assert "c" in state["algo"]["server"]
     with pytest.raises(FlowerError, match=r"client\(s\) 0, 1, 2: their scaffold state is gone") as info:
         _run(tmp_path / "flower", "flower", "scaffold", resume=True)
     assert "\n" not in str(info.value)
@@ -356,8 +359,9 @@ def test_run_config_overrides_are_typed_and_round_trip():
 @pytest.mark.slow  # a Flower simulation and an in-process run: about 40 s on the 2-core CPU VM
 def test_our_clientapp_under_flowers_fedavg_strategy_matches_the_inprocess_engine(tmp_path, one_thread):
     """flwr.serverapp.strategy.FedAvg drives our ClientApp with Flower's standard train message (the
-    global ``arrays`` and a ``config``; our federate config rides in it as ``fpsfl-config``); its round
-    gives the in-process engine's FedAvg weights within float tolerance. One round: Flower averages in
+    global ``arrays`` and a ``config``; our federate config rides in it as ``fpsfl-config``), and its
+    evaluation round (the default fraction_evaluate=1.0) with @app.evaluate; its round gives the in-process
+    engine's FedAvg weights within float tolerance. One round: Flower averages in
     float32 and keeps the BatchNorm batch counts as fractions, ours in float64 with integer counts; that
     1e-7 difference, trained on for another round of small BatchNorm batches, grew to 1e-2 (measured)."""
     _ray()
@@ -372,21 +376,26 @@ def test_our_clientapp_under_flowers_fedavg_strategy_matches_the_inprocess_engin
     _run(tmp_path / "inprocess", "inprocess", "fedavg", {"rounds": 1})
     cfg = FederateConfig(algo="fedavg", **{**TINY, "rounds": 1})
     initial = setup(cfg, torch.device("cpu")).model.state_dict()
-    final = []
+    final, evaluated = [], []
     server = ServerApp()
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=cfg.clients, min_available_nodes=cfg.clients)
+        strategy = FedAvg(min_train_nodes=cfg.clients, min_available_nodes=cfg.clients,
+                          min_evaluate_nodes=cfg.clients)
+        fpsfl_config = ConfigRecord({"fpsfl-config": json.dumps(cfg.to_dict())})
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=cfg.rounds,
-                                train_config=ConfigRecord({"fpsfl-config": json.dumps(cfg.to_dict())}))
+                                train_config=fpsfl_config, evaluate_config=fpsfl_config)
         final.append(result.arrays.to_torch_state_dict())
+        evaluated.append(result.evaluate_metrics_clientapp)
 
     run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.clients,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0},
                                    "init_args": {"include_dashboard": False}})
     ours = torch.load(tmp_path / "inprocess" / "final.pt", weights_only=True)["model"]
     assert final and final[0].keys() == ours.keys()
+    metrics = evaluated[0][cfg.rounds]  # the clients' eval-acc, averaged by num-examples
+    assert 0.0 <= metrics["eval-acc"] <= 1.0 and metrics["eval-loss"] > 0
     for key, value in ours.items():
         if value.is_floating_point():  # integer buffers: ours rounds back to int64, Flower's stays float
             assert torch.allclose(final[0][key].to(value.dtype), value, rtol=1e-5, atol=1e-6), key
@@ -422,3 +431,112 @@ def test_replies_are_matched_by_message_id_and_a_silent_client_times_out():
     grid = _Grid(answer={0, 2})
     replies = FlowerDispatch(grid, timeout_s=0.3)._exchange([None, None, None], 0.3)
     assert [r.metadata.reply_to_message_id if r else None for r in replies] == ["id0", None, "id2"]
+
+
+# ---- the shipped weights under flwr run -----------------------------------------------------------------
+def test_shipped_weights_are_found_from_a_flower_app_bundle(tmp_path):
+    """`flwr run .` runs the ServerApp from an installed copy of the app bundle, which carries source files
+    only: a shipped --init name resolves to the installed fpsfl checkout's weights/ file."""
+    import shutil
+
+    from federated.initialisation import SHIPPED, installed_checkout
+
+    checkout = installed_checkout()
+    there = [n for n, p in SHIPPED.items() if checkout and (checkout / "weights" / p.name).is_file()]
+    name = there[0] if there else None
+    if name is None:
+        pytest.skip("fpsfl is not installed from a checkout with shipped weights (pip install -e .)")
+    root = Path(__file__).resolve().parents[2]
+    for package in ("fpsfl", "fractals", "pretrain", "federated"):
+        shutil.copytree(root / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = (f"from federated.initialisation import shipped_path, WEIGHTS\n"
+            f"print(WEIGHTS.is_dir(), shipped_path({name!r}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120, check=True).stdout
+    assert out.split() == ["False", str(checkout / "weights" / SHIPPED[name].name)]
+
+
+def test_shipped_weights_out_of_reach_are_one_line_naming_the_path_to_pass(monkeypatch, tmp_path):
+    import federated.initialisation as init
+
+    monkeypatch.setattr(init, "WEIGHTS", tmp_path / "weights")
+    monkeypatch.setattr(init, "SHIPPED", {"fps-resnet20": tmp_path / "weights" / "fps-resnet20.ckpt"})
+    monkeypatch.setattr(init, "installed_checkout", lambda: None)
+    with pytest.raises(init.InitError, match=r"a Flower app bundle carries source files only.*"
+                                             r"init='/path/to/fpsfl/weights/fps-resnet20.ckpt'") as refused:
+        init.shipped_path("fps-resnet20")
+    assert "\n" not in str(refused.value)
+
+
+# ---- the ClientApp's cold start ----------------------------------------------------------------------------
+HEAVY = ("numba", "matplotlib", "analysis", "scipy", "sklearn", "pandas", "lightly", "torchvision")
+
+
+def _imports(module: str) -> set[str]:
+    code = f"import sys, {module}\nprint(*sorted({{m.split('.')[0] for m in sys.modules}}))"
+    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              check=True).stdout.split())
+
+
+def test_the_clientapp_process_imports_neither_torch_nor_the_run():
+    """Each of Flower's per-message flwr-clientapp processes imports the app module: with a warm worker it
+    only forwards the message, so it must not pay for torch (1.8 CPU-s of the 2-vCPU VM) or our code."""
+    _flower()
+    loaded = _imports("federated.flower.client_app")
+    assert not loaded & {"torch", "pretrain", "fractals", *HEAVY}, loaded
+
+
+def test_the_training_path_imports_nothing_it_does_not_use():
+    """A ClientApp or worker that trains imports torch and the client step, never the renderer (numba),
+    plotting, the analyses or other heavy libraries."""
+    _flower()
+    loaded = _imports("federated.flower.node")
+    assert "torch" in loaded and not loaded & set(HEAVY), loaded
+
+
+# ---- Flower's conventions: evaluate, proximal-mu -----------------------------------------------------------
+def test_evaluate_tests_the_global_model_on_the_clients_own_data():
+    """@app.evaluate (a Flower strategy's evaluation round, fraction_evaluate=1.0 by default): the global
+    model on the node's partition, as a MetricRecord a strategy averages by num-examples."""
+    _flower()
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    from federated.flower.client_app import evaluate
+    from federated.setup import setup
+
+    cfg = FederateConfig(**TINY)
+    s = setup(cfg, torch.device("cpu"))
+    config = ConfigRecord({"server-round": 1, "fpsfl-config": json.dumps(cfg.to_dict())})
+    content = RecordDict({"arrays": ArrayRecord({k: v.detach() for k, v in s.model.state_dict().items()}),
+                          "config": config})
+    reply = evaluate(_train_message(content), _context())
+    part = s.parts[0]
+    expected = s.task.evaluate(s.model, s.data.train_x[part], s.data.train_y[part])
+    metrics = reply.content["metrics"]
+    assert metrics["num-examples"] == len(part)
+    assert metrics["eval-acc"] == pytest.approx(expected["acc"]) and metrics["eval-loss"] == pytest.approx(
+        expected["loss"], rel=1e-5)
+
+
+def test_flowers_fedprox_proximal_mu_trains_fedprox_with_that_mu():
+    """Flower's FedProx strategy sends proximal-mu: a FedAvg run config then trains FedProx with that mu
+    (the reply equals our FedProx's); with an algorithm that is not FedAvg or FedProx it is an Error reply."""
+    _flower()
+    from federated import flower
+    from federated.flower.client_app import train
+    from federated.setup import setup
+
+    def reply(algo, extra=None, **algo_args):
+        cfg = FederateConfig(algo=algo, algo_args=algo_args, **TINY)
+        message = _server_message(setup(FederateConfig(**TINY), torch.device("cpu")), cfg, 0, 0)
+        message.content["config"].update(extra or {})
+        return train(message, _context())
+
+    arrays = lambda r: r.content["arrays"].to_torch_state_dict()  # noqa: E731
+    via_flower = arrays(reply("fedavg", {"proximal-mu": 0.5}))
+    ours, plain = arrays(reply("fedprox", mu=0.5)), arrays(reply("fedavg"))
+    assert all(torch.equal(via_flower[k], ours[k]) for k in ours)
+    assert not all(torch.equal(plain[k], ours[k]) for k in ours)
+    refused = reply("scaffold", {"proximal-mu": 0.5})
+    assert refused.has_error() and refused.error.code == flower.ERROR_CODES["config"]
+    assert "proximal-mu" in refused.error.reason

@@ -9,6 +9,8 @@ these tests run in seconds; the same over real SuperNode processes is test_flowe
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -190,3 +192,94 @@ def test_bad_shard_commands_are_one_line_and_exit_2(tmp_path, capsys, argv, says
     err = capsys.readouterr().err.strip()
     assert says in err.lower() or says in err, err
     assert len(err.splitlines()) == 1
+
+
+# ---- who may serve a client --------------------------------------------------------------------------------
+def test_with_node_names_a_node_claiming_another_clients_partition_is_left_out_in_one_line(tmp_path, capsys):
+    """Clients 0-2 are served by the nodes registered as c-0..c-2 (their SuperLink's registry names them,
+    not the node); node 200, registered as c-2, claims partition-id 0 and is refused in one line naming both
+    nodes; node 201, registered under no name of this run, and node 202 with no name are left out too."""
+    grid = LocalGrid(0)
+    for client in range(3):
+        grid.add_node(100 + client, client, name=f"c-{client}")
+    grid.add_node(200, 0, name="c-2")
+    grid.add_node(201, 1, name="mallory")
+    grid.add_node(202, 2)
+    _serve(grid, tmp_path, names="c-{i}", rounds=1)
+    assert _rows(tmp_path)[0]["clients"] == [0, 1, 2]
+    err = capsys.readouterr().err.splitlines()
+    claims = [line for line in err if "node 200" in line]
+    assert claims == ["federate: Flower node 200 registered as 'c-2' for client 2, claims partition-id 0, "
+                      "which is client 0's, registered as 'c-0' (node 100); it is left out"]
+    assert any("node 201 is registered as 'mallory', which is none of this run's node-names" in line
+               for line in err)
+    assert any("node 202 is registered as '', which is none" in line for line in err)
+    trained = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "train"}
+    assert trained == {100, 101, 102}
+
+
+@pytest.mark.parametrize("spec,says", [("a,b", "expected 3 distinct names"), ("a,a,b", "distinct"),
+                                       ("a,,b", "distinct")])
+def test_node_names_are_one_distinct_name_per_client(spec, says):
+    from federated.flower.nodes import node_names
+
+    assert node_names("n{i}", 3) == ["n0", "n1", "n2"] and node_names(" a, b ,c", 3) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match=says):
+        node_names(spec, 3)
+
+
+def test_a_federation_of_another_size_is_refused_at_once(tmp_path):
+    """Flower's simulation sets num-partitions: 3 clients on a federation of 2 end the run in one line
+    instead of a first round that waits for a node that never comes."""
+    from federated.flower import FlowerError
+
+    with pytest.raises(FlowerError, match="the run has clients=3, but its Flower federation has "
+                                          "num-partitions=2") as refused:
+        _serve(LocalGrid(3, {"num-partitions": 2}), tmp_path)
+    assert "\n" not in str(refused.value)
+
+
+# ---- the warm worker ---------------------------------------------------------------------------------------
+@pytest.fixture
+def worker(tmp_path):
+    """A node worker (python -m federated.flower.worker) serving a socket, stopped after the test."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "sock"
+    folder.mkdir(mode=0o700)
+    sock = folder / "node.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "federated.flower.worker", str(sock)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not sock.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert not sock.exists()  # the worker removes its socket when stopped
+
+
+def test_nodes_with_a_warm_worker_give_the_run_of_nodes_that_train_themselves(tmp_path, worker, capsys):
+    """SCAFFOLD, whose client state travels to the worker and back in the Context: the same metrics,
+    weights and state; a node whose worker is gone (client 2's) trains itself, saying so in one line."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the worker
+    try:
+        _serve(LocalGrid(3), tmp_path / "itself", algo="scaffold")
+        grid = LocalGrid(3, {"worker": str(worker)})
+        grid.add_node(102, 2, {"worker": str(tmp_path / "gone.sock")})
+        _serve(grid, tmp_path / "worker", algo="scaffold")
+    finally:
+        torch.set_num_threads(threads)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(_rows(tmp_path / "itself")) == strip(_rows(tmp_path / "worker"))
+    a, b = (torch.load(tmp_path / run / "state.pt", weights_only=False) for run in ("itself", "worker"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    ca, cb = a["algo"]["server"]["c"], b["algo"]["server"]["c"]
+    assert ca.keys() == cb.keys() and all(torch.equal(ca[k], cb[k]) for k in ca)
+    assert "no worker at" in capsys.readouterr().err

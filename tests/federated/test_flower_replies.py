@@ -160,6 +160,58 @@ def test_a_bad_reply_counts_as_a_missing_client(tmp_path):
     bad_replies_equal_failures(tmp_path, BAD[:FAST], run)
 
 
+def _tampering_app(client: int, tampers: dict):
+    """Our ClientApp, whose train reply for ``client`` in round r becomes ``tampers[r](msg, reply)``."""
+    from flwr.clientapp import ClientApp
+
+    from federated.flower import client_app as ours
+
+    app = ClientApp()
+
+    @app.query()
+    def query(msg, context):
+        return ours.query(msg, context)
+
+    @app.train()
+    def train(msg, context):
+        reply = ours.train(msg, context)
+        config = msg.content["config"]
+        tamper = tampers.get(int(config["server-round"])) if int(config["client"]) == client else None
+        return tamper(msg, reply) if tamper else reply
+
+    return app
+
+
+@pytest.mark.slow  # two Flower simulations of 10 rounds: about 3 minutes on the 2-core CPU VM
+def test_every_bad_reply_in_flowers_simulation_runtime_counts_as_a_missing_client(tmp_path):
+    """The whole table, one bad reply a round, in Flower's simulation runtime (Ray actors, Flower's
+    messages and serialisation): every round equals the round in which client 2 failed."""
+    pytest.importorskip("ray", reason="Flower's simulation engine needs Ray (pip install -e '.[flower]')")
+    import sys
+
+    from ray import cloudpickle
+
+    from federated import flower
+    from federated.flower.engine import simulate
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors need not import the tests
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def run(tampers, path):
+        cfg = FederateConfig(algo="scaffold", **{**TINY, "rounds": len(tampers)})
+        opts = RunOptions(out=path, device="cpu", progress=False, engine="flower", min_replies="0.6")
+        flower.require_flower(cfg, opts)
+        runner.run(cfg, opts, host=lambda resolved, rounds: simulate(resolved, opts, rounds,
+                                                                     _tampering_app(2, tampers)))
+
+    try:
+        bad_replies_equal_failures(tmp_path, BAD, run)
+    finally:
+        torch.set_num_threads(threads)
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
 def _same_files(a, b):
     """final.pt's model and state.pt (model and algorithm state) equal, bit for bit."""
     fa, fb = (torch.load(p / "final.pt", weights_only=True)["model"] for p in (a, b))
