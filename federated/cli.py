@@ -92,7 +92,7 @@ def file_settings(args: argparse.Namespace) -> FileSettings:
     path = getattr(args, "config", None)
     if path is None:
         return FileSettings({}, {}, {}, {})
-    tables = read_sections(path, ("federate", "algo", "run"), recorded=("algo", "init_sha256"))
+    tables = read_sections(path, ("federate", "algo", "run"), recorded=("algo", "init_sha256", "engine"))
     where = f"--config {path}"
     fed = typed([FederateConfig, *partition_settings_classes()], tables.get("federate", {}),
                 f"{where}: [federate]", skip=("tracking", "algo_args"))

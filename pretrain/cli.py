@@ -61,7 +61,7 @@ def _method_args(pairs: list[str], lr: float | None) -> dict[str, str]:
 
 
 # a run's config.json records these beside its [pretrain] table, resolved from it: read, never set
-RECORDED = ("method", "base_lr", "steps_per_epoch", "n_classes")
+RECORDED = ("method", "base_lr", "steps_per_epoch", "n_classes", "data")  # derived, and the data fingerprint
 
 
 def file_settings(path: Path | None) -> tuple[dict, dict, dict]:
