@@ -21,7 +21,8 @@ ft_rounds=${FT_ROUNDS:-5}
 device=${DEVICE:-cpu}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 mkdir -p "$out"
-common=(--dataset imagefolder --data-root "$data" --alpha 0.1 --clients 10 --device "$device" --quiet)
+common=(--dataset imagefolder --data-root "$data" --arch resnet20 --input-size 32 --alpha 0.1 --clients 10 --device "$device"
+        --quiet)  # ResNet20 at 32 px: the shipped FPS weights' backbone (imagefolder's default is ResNet18)
 has_round() {  # has_round RUN_DIR N: its metrics.jsonl records round N
     [ -f "$1/metrics.jsonl" ] && grep -q "^{\"round\": $2," "$1/metrics.jsonl"
 }

@@ -176,3 +176,15 @@ def test_every_method_trains_finite_and_deterministic(tmp_path, algo):
     start = create_backbone("resnet20", 0.25).state_dict()
     trained = load_checkpoint(tmp_path / "a.ckpt")["backbone"]
     assert any(not torch.equal(trained[k], start[k]) for k in start if k.endswith("weight"))
+
+
+@pytest.mark.parametrize("algo", list(FED_SSL))
+def test_algo_named_on_the_command_line_is_the_self_supervised_method(tmp_path, algo):
+    """`federate self-pretrain --algo orchestra` (as the Table 7 recipe writes it) must reach the method:
+    --algo is SelfPretrainConfig's, never taken for federate's FedAvg-family algorithm."""
+    from federated.selfsup.cli import build_parser, configs_from
+
+    argv = ["--algo", algo, "--dataset", "digits", "--out", str(tmp_path / "sp.ckpt")]
+    args = build_parser().parse_args(argv)
+    fed, sp, _ = configs_from(args)
+    assert sp.algo == algo and fed.algo == FederateConfig().algo
