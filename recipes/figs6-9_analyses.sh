@@ -49,6 +49,8 @@ for dataset in cifar10 tinyimagenet; do
         fi
     done
     analyze dynamics "${runs[@]}" --out "$OUT/fig6-$dataset"
-    analyze convex "${runs[@]}" "$OUT"/f7-"$dataset"-*-oc --out "$OUT/fig7-$dataset"
+    analyze convex "${runs[@]}" --out "$OUT/fig7-$dataset"  # per round: FedAvg's global model vs lambda*
+    # trained with lambda* throughout: final accuracies beside FedAvg's (the -oc runs track nothing)
+    report "fig7-$dataset-trained" "${runs[@]}" "$OUT"/f7-"$dataset"-*-oc
     analyze variance "${runs[@]}" --out "$OUT/fig8-$dataset"
 done

@@ -44,7 +44,7 @@ GROUPS = ("data", "partition", "federated training", "model", "self-pre-training
 def configs_from(args: argparse.Namespace) -> tuple[FederateConfig, SelfPretrainConfig, SelfPretrainOptions]:
     """The run's data/partition/model config, self-pre-training config and options from parsed flags."""
     values = settings_from(args, FederateConfig)
-    values.pop("algo")  # --algo names the self-supervised method (SelfPretrainConfig), not federate's
+    values.pop("algo", None)  # --algo names the self-supervised method (SelfPretrainConfig), not federate's
     for settings in partition_settings_classes():
         values.update(settings_from(args, settings))
     fed = FederateConfig(**values)

@@ -178,13 +178,12 @@ def test_every_method_trains_finite_and_deterministic(tmp_path, algo):
     assert any(not torch.equal(trained[k], start[k]) for k in start if k.endswith("weight"))
 
 
-@pytest.mark.parametrize("algo", list(FED_SSL))
+@pytest.mark.parametrize("algo", [*FED_SSL, None])
 def test_algo_named_on_the_command_line_is_the_self_supervised_method(tmp_path, algo):
     """`federate self-pretrain --algo orchestra` (as the Table 7 recipe writes it) must reach the method:
-    --algo is SelfPretrainConfig's, never taken for federate's FedAvg-family algorithm."""
+    --algo is SelfPretrainConfig's, never taken for federate's FedAvg-family algorithm (None: not given)."""
     from federated.selfsup.cli import build_parser, configs_from
 
-    argv = ["--algo", algo, "--dataset", "digits", "--out", str(tmp_path / "sp.ckpt")]
-    args = build_parser().parse_args(argv)
-    fed, sp, _ = configs_from(args)
-    assert sp.algo == algo and fed.algo == FederateConfig().algo
+    argv = ["--dataset", "digits", "--out", str(tmp_path / "sp.ckpt"), *(["--algo", algo] if algo else [])]
+    fed, sp, _ = configs_from(build_parser().parse_args(argv))
+    assert sp.algo == (algo or SelfPretrainConfig().algo) and fed.algo == FederateConfig().algo
