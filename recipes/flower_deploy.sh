@@ -43,7 +43,8 @@ OUT=$(realpath -m "$1"); shift
 CLIENTS=${CLIENTS:-2}
 TIMEOUT=${TIMEOUT:-1800}  # s for the whole run
 SECURE=${SECURE:-1}
-WORKERS=${WORKERS:-1}
+RUNNER=${RUNNER:-executor}
+case $RUNNER in executor | worker | cold) ;; *) echo "$0: RUNNER=$RUNNER: executor, worker or cold" >&2; exit 2 ;; esac
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [ -n "${WORK:-}" ]; then  # the user's folder: left in place, with what this run wrote in it
     work=$(realpath -m "$WORK"); mkdir -p "$work"; made_work=0
@@ -133,12 +134,15 @@ start_node() {  # SuperNode $1 (key $2, partition-id $3) and its worker, in a pr
     if [ -n "${SLOW:-}" ] && [ "${SLOW%%:*}" = "$node" ]; then config="$config drill-sleep='${SLOW#*:}'"; fi
     local flags=(--insecure)
     [ "$SECURE" = 0 ] || flags=(--root-certificates "$tls/ca.pem" --auth-supernode-private-key "$tls/$key.key")
-    local sock=""
-    if [ "$WORKERS" = 1 ]; then sock="$run_dir/$node.sock"; config="$config worker='$sock'"; fi
-    # $1: the worker's socket ("": none), $2: its log; the rest: the SuperNode's arguments
-    setsid bash -c 'if [ -n "$1" ]; then python -m federated.flower.worker "$1" >> "$2" 2>&1 & fi
-                    shift 2; exec flower-supernode "$@"' _ "$sock" "$work/logs/worker-$node.log" \
-        "${flags[@]}" --superlink "$link" --port "$port" --node-config "$config" \
+    local helper=()  # the process beside the SuperNode that keeps torch, the shard and the model warm
+    case $RUNNER in
+        executor) helper=(python -m federated.flower.executor "127.0.0.1:$port"); flags+=(--isolation process) ;;
+        worker) helper=(python -m federated.flower.worker "$run_dir/$node.sock"); config="$config worker='$run_dir/$node.sock'" ;;
+    esac
+    # $1: the helper's log, $2: its argument count, then the helper's and the SuperNode's arguments
+    setsid bash -c 'log=$1 n=$2; shift 2; if [ "$n" -gt 0 ]; then "${@:1:$n}" >> "$log" 2>&1 & fi
+                    shift "$n"; exec flower-supernode "$@"' _ "$work/logs/$RUNNER-$node.log" "${#helper[@]}" \
+        "${helper[@]}" "${flags[@]}" --superlink "$link" --port "$port" --node-config "$config" \
         >> "$work/logs/supernode-$node.log" 2>&1 &
     echo $! > "$run_dir/node$node.pid"
 }
