@@ -4,12 +4,14 @@ Usage: python bench/flower_summary.py TMP RUN ...
 (TMP holds RUN/metrics.jsonl, RUN.wall and, for a deployment, RUN-work/phases.jsonl)
 
 The cold-start breakdown (federated/flower/phases.py) reads each deployment's phase log: a line per message
-per process that handled it, with CPU and wall seconds per phase. ``cold`` (WORKERS=0): every message in a
-fresh ``flwr-clientapp`` process that trains itself (runtime: Python, Flower's runtime and its exchange with
-the SuperNode; imports: torch and the run's code; shard; model; train; reply). ``warm`` (the default): the
-ClientApp process forwards to its SuperNode's worker (runtime, forward), which pays imports, shard and model
-once, and trains warm from its second message on. ``first_step_cpu_s`` is what a cold process's training
-costs over a warm worker's (torch's one-off kernel set-up), medians over the clients.
+per process that handled it, with CPU and wall seconds per phase. ``deployment-cold`` (RUNNER=cold): every
+message in a fresh ``flwr-clientapp`` process that trains itself (runtime: Python, Flower's runtime and its
+exchange with the SuperNode; imports: torch and the run's code; shard; model; train; reply).
+``deployment-worker`` (RUNNER=worker): the ClientApp process forwards to its SuperNode's worker (runtime,
+forward), which pays imports, shard and model once, and trains warm from its second message on.
+``deployment`` (the default, RUNNER=executor): no ClientApp process; the node's executor takes each task
+(runtime: its exchange with the SuperNode) and trains in its one process. ``first_step_cpu_s`` is what a cold
+process's training costs over the warm executor's (torch's one-off kernel set-up), medians over the clients.
 """
 
 from __future__ import annotations
@@ -61,15 +63,15 @@ def main(tmp: Path, runs: list[str]) -> None:
                   "flower_overhead_startup_s": round(b["first_round_s"] - a["first_round_s"], 2),
                   "flower_overhead_per_round_s": round(b["round_s"] - a["round_s"], 3),
                   "same_test_accs": a["test_accs"] == b["test_accs"]}
-    for run in ("deployment", "deployment-insecure", "deployment-cold"):
+    for run in ("deployment", "deployment-insecure", "deployment-worker", "deployment-cold"):
         if run in out:
             comparison[f"{run}_vs_simulated_round"] = round(out[run]["round_s"] / b["round_s"], 2)
             comparison[f"{run}_same_test_accs"] = out[run]["test_accs"] == b["test_accs"][:out[run]["rounds"]]
     print(json.dumps(comparison))
     breakdown = {run: phases(tmp / f"{run}-work" / "phases.jsonl")
-                 for run in ("deployment-cold", "deployment") if run in out}
+                 for run in ("deployment-cold", "deployment-worker", "deployment") if run in out}
     cold = breakdown.get("deployment-cold", {}).get("clientapp-cold", {}).get("cpu_s", {})
-    warm = breakdown.get("deployment", {}).get("worker-warm", {}).get("cpu_s", {})
+    warm = breakdown.get("deployment", {}).get("executor-warm", {}).get("cpu_s", {})
     if "train" in cold and "train" in warm:
         breakdown["first_step_cpu_s"] = round(cold["train"] - warm["train"], 3)
     print(json.dumps({"cold_start": breakdown}))

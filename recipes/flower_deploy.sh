@@ -8,16 +8,19 @@
 # is client i (node config partition-id=i) and trains on its own data only: with SHARDS=DIR (federate
 # export-partitions --out DIR, the same data and partition settings) it loads only DIR's shard i (node config
 # data-dir) and the server checks its hash against DIR's manifest (run config shards); without, it draws its
-# partition from the whole dataset (data-root=$DATA_ROOT when set). Each SuperNode has a warm worker
-# (python -m federated.flower.worker) that keeps torch, the shard and the model loaded across Flower's
-# per-message ClientApp processes (node config worker).
+# partition from the whole dataset (data-root=$DATA_ROOT when set). Each SuperNode runs with --isolation
+# process beside an fpsfl executor (python -m federated.flower.executor 127.0.0.1:PORT) that takes its
+# ClientApp tasks and runs them in one long-lived process, so torch, the shard and the model stay loaded and
+# no flwr-clientapp process starts per message.
 # Usage: bash recipes/flower_deploy.sh OUT [run-config entries]   (the fpsfl venv active, pip install -e
 #   ".[flower]"); the entries are the app's typed keys, e.g.
 #   CLIENTS=2 bash recipes/flower_deploy.sh runs/flower-digits num-server-rounds=1 local-epochs=1 "algo='moon'"
 # Federated self-pre-training (docs/self-pretraining.md): OUT a checkpoint, sp.ckpt (its run directory sp.run/
 #   beside it), and the entry "self-pretrain='orchestra'".
-# Settings: SECURE=0 (no TLS, no authentication: the insecure loopback of flwr's quickstart), WORKERS=0 (each
-#   message trains in its own cold ClientApp process), WORK=DIR (keep the logs, certificates, keys and phase
+# Settings: SECURE=0 (no TLS, no authentication: the insecure loopback of flwr's quickstart), RUNNER=worker
+#   (Flower starts a ClientApp process per message, which hands it to a warm python -m federated.flower.worker
+#   over a Unix socket: node config worker) or RUNNER=cold (each message trains in its own cold ClientApp
+#   process), WORK=DIR (keep the logs, certificates, keys and phase
 #   log in DIR, which is left in place; by default a temporary folder, removed on exit), PHASES=1 (each
 #   ClientApp and worker logs its cold-start phases to $WORK/phases.jsonl: federated/flower/phases.py).
 # Failure drills: KILL=I:R:S kills SuperNode I (SIGKILL, its process group) when round R starts and starts it
@@ -31,9 +34,9 @@
 #             --port 9093 --disable-runtime-dependency-installation
 #   client i: python -m federated.flower.tls keys keys node-i (send node-i.pub to A's operator, who runs
 #             flwr supernode register node-i.pub <connection> --name fpsfl-client-i); then
-#             python -m federated.flower.worker /run/fpsfl/node.sock & flower-supernode --root-certificates
-#             ca.pem --superlink A:9093 --auth-supernode-private-key keys/node-i.key
-#             --node-config "partition-id=i data-dir='/shards' worker='/run/fpsfl/node.sock'"
+#             python -m federated.flower.executor 127.0.0.1:9094 & flower-supernode --root-certificates
+#             ca.pem --superlink A:9093 --auth-supernode-private-key keys/node-i.key --isolation process
+#             --port 9094 --node-config "partition-id=i data-dir='/shards'"
 #   anywhere: flwr run . <connection> --run-config "clients=N out='/abs/run' shards='/shards'
 #             node-names='fpsfl-client-{i}' ..."   (<connection>: [superlink.<connection>] address = "A:9093",
 #             root-certificates = "/abs/ca.pem" in $FLWR_HOME/config.toml)
@@ -126,7 +129,7 @@ register() {  # register key $1 under the name $2 (a SuperLink with --enable-sup
 if [ "$SECURE" = 1 ]; then
     for ((i = 0; i < CLIENTS; i++)); do register "node-$i" "fpsfl-client-$i"; done
 fi
-start_node() {  # SuperNode $1 (key $2, partition-id $3) and its worker, in a process group of their own
+start_node() {  # SuperNode $1 (key $2, partition-id $3) and its executor or worker, in a process group of their own
     local node=$1 key=$2 pid=$3 port=$4
     local config="partition-id=$pid num-partitions=$CLIENTS"
     [ -z "${DATA_ROOT:-}" ] || config="$config data-root='$DATA_ROOT'"

@@ -4,7 +4,8 @@ What its messages carry, and how a client's state is staged until the server agg
 :mod:`.node`'s docstring. This module is what each of Flower's per-message ``flwr-clientapp`` processes
 imports, so it imports only Flower and the standard library: with ``worker='SOCKET'`` in the node config it
 hands the message to the node's warm :mod:`.worker` (torch, the shard and the model already loaded there);
-otherwise, or when no worker answers, it imports :mod:`.node` and does the work itself. With
+otherwise, or when no worker answers, it imports :mod:`.node` and does the work itself. A SuperNode with
+the fpsfl :mod:`.executor` (``--isolation process``) runs it in that one long-lived process instead. With
 ``FPSFL_CLIENT_PHASES=FILE`` in the SuperNode's environment, each process logs its cold-start phases
 (:mod:`.phases`).
 
@@ -56,7 +57,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 def _handle(kind: str, msg: Message, context: Context) -> Message:
     global PHASES
-    phases, cold = PHASES, "runtime" in PHASES.cpu
+    phases, cold = PHASES, PHASES.cold
     _drill(kind, msg, context)
     worker = str(context.node_config.get("worker") or "")
     reply = None

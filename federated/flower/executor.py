@@ -40,6 +40,8 @@ from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, 
 
 from fpsfl.base.cli import UsageError
 
+from .phases import Phases
+
 POLL_S = 0.5  # between AcquireTask calls while idle (flower-superexec's default is 1 s)
 _CHECKED: dict[str, str] = {}  # FAB hash -> "" (the installed code) or the first file that differs
 
@@ -74,8 +76,13 @@ def _client(address: str, token: str | None = None) -> RuntimeHttpClient:
                                                  retry_invoker=make_simple_http_retry_invoker())
 
 
-def run_task(address: str, token: str, app, root: Path) -> str:
-    """One ClientApp task of the SuperNode at ``address``: its sub-status (Flower's ``SubStatus``)."""
+def run_task(address: str, token: str, app, root: Path, first: bool = False) -> str:
+    """One ClientApp task of the SuperNode at ``address``: its sub-status (Flower's ``SubStatus``). ``first``:
+    this process's first task (its phases, logged with ``FPSFL_CLIENT_PHASES``, are then ``cold``)."""
+    from . import client_app
+
+    phases = Phases("executor")
+    phases.cold = first
     client = _client(address, token)
     heartbeat = HeartbeatSender(lambda: _beat(client))  # the SuperNode frees a task whose heartbeat stops
     heartbeat.start()
@@ -83,6 +90,7 @@ def run_task(address: str, token: str, app, root: Path) -> str:
     status, details = SubStatus.FAILED, "the fpsfl executor failed before the ClientApp ran"
     try:
         message, context, run, fab = pull_task_input(client)
+        phases.mark("runtime")  # Flower's exchange with the SuperNode: the message, Context and app bundle
         if fab.hash_str not in _CHECKED:
             _CHECKED[fab.hash_str] = fab_differs(fab.content, root)
         differs = _CHECKED[fab.hash_str]
@@ -92,6 +100,7 @@ def run_task(address: str, token: str, app, root: Path) -> str:
             print(f"fpsfl executor: {details}", file=sys.stderr, flush=True)
             reply = Message(Error(code=ErrorCode.LOAD_CLIENT_APP_EXCEPTION, reason=details), reply_to=message)
         else:
+            client_app.PHASES = phases  # the ClientApp logs this task's phases under the executor's name
             reply = app(message=message, context=context)
             status, details = SubStatus.COMPLETED, ""
     except Exception as exc:  # the ClientApp's own failures are Error replies; this is a bug or a lost link
@@ -141,7 +150,7 @@ def serve(address: str, poll_s: float = POLL_S, max_tasks: int | None = None) ->
                 continue
             waiting = False
             if res.HasField("task") and res.token:
-                run_task(address, res.token, app, root)
+                run_task(address, res.token, app, root, first=done == 0)
                 done += 1
             else:
                 time.sleep(poll_s)

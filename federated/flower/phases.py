@@ -43,6 +43,7 @@ class Phases:
 
     def __init__(self, role: str, since_start: bool = False):
         self.role, self.cpu, self.wall = role, {}, {}
+        self.cold = since_start  # the process's first message (a long-lived process may say so itself)
         self._cpu, self._wall = time.process_time(), time.perf_counter()
         if since_start:  # the time before this object: the process's own start-up
             self.cpu["runtime"], self.wall["runtime"] = round(self._cpu, 3), round(process_age(), 3)

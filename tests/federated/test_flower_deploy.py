@@ -79,10 +79,17 @@ def test_the_recipe_removes_only_what_it_made(tmp_path, given):
 
 
 @pytest.mark.slow
-def test_loopback_deployment_on_node_local_shards_runs_fedavg(tmp_path):
-    summary, rows, _ = _deploy(tmp_path, 2, ["algo='fedavg'", "num-server-rounds=1"])
-    assert summary["rounds"] == 1 and [r["round"] for r in rows] == [1] and rows[0]["clients"] == [0, 1]
-    assert 0 <= rows[0]["test_acc"] <= 1
+@pytest.mark.parametrize("runner", ["executor", "worker", "cold"])
+def test_loopback_deployment_on_node_local_shards_runs_fedavg(tmp_path, runner):
+    """Each way a node runs its ClientApp tasks (the recipe's RUNNER) gives, bit for bit, the rounds of our
+    ClientApp served in this process: the fpsfl executor (one long-lived process, the default), Flower's
+    per-message processes with a warm worker, and cold per-message processes."""
+    summary, rows, _ = _deploy(tmp_path, 2, ["algo='fedavg'", "num-server-rounds=2"], RUNNER=runner)
+    assert summary["rounds"] == 2 and [r["round"] for r in rows] == [1, 2] and rows[1]["clients"] == [0, 1]
+    expected = _in_process(tmp_path / "here", lambda grid, run: run(), clients=2, algo="fedavg", rounds=2)
+    assert [_strip(r) for r in rows] == [_strip(r) for r in expected]
+    a, b = (torch.load(p / "final.pt", weights_only=False) for p in (tmp_path / "run", tmp_path / "here"))
+    assert _tensors(a) == _tensors(b)
 
 
 @pytest.mark.slow
@@ -136,33 +143,47 @@ def test_a_node_that_answers_late_leaves_no_trace(tmp_path):
     answers late, and then serves round 3. The run equals, bit for bit, the one in which client 1 missed
     round 2 (its node offline; computed in this process), whose c is the mean of the aggregated c_i
     (test_flower_replies.py): the late state was staged, never confirmed, and discarded."""
-    from .flower_grid import LocalGrid, flower_identity, serve
-
     timeout = 60
     entries = ["algo='scaffold'", "num-server-rounds=3", "min-replies=0.6", f"flower-timeout={timeout}"]
     _, rows, _ = _deploy(tmp_path, 3, entries, SLOW=f"1:2:{timeout + 15}")
     assert rows[1]["missing_clients"] == [1] and "missing_clients" not in rows[2], rows
+
+    def missed(grid, run):  # client 1's node is offline for round 2
+        run(stop_after=1)
+        grid.down.add(101)
+        run(resume=True, stop_after=1)
+        grid.down.clear()
+        run(resume=True)
+
+    expected = _in_process(tmp_path / "missed", missed, clients=3, algo="scaffold", rounds=3,
+                           min_replies="0.6")
+    assert [_strip(r) for r in rows] == [_strip(r) for r in expected]
+    for name in ("final.pt", "state.pt"):
+        a, b = (torch.load(p / name, weights_only=False) for p in (tmp_path / "run", tmp_path / "missed"))
+        assert _tensors(a) == _tensors(b), name
+
+
+def _in_process(path, drive, clients, **settings) -> list[dict]:
+    """The metrics rows of federate run into ``path`` with our ClientApp behind an in-process Grid of
+    ``clients`` nodes, at one thread as each deployed node (OMP_NUM_THREADS=1); ``drive(grid, run)`` calls
+    ``run(**options)`` (flower_grid.serve's) as often as it likes."""
+    from .flower_grid import LocalGrid, flower_identity, rows, serve
+
     monkeypatch = pytest.MonkeyPatch()
     threads = torch.get_num_threads()
     try:
         flower_identity(monkeypatch)
-        torch.set_num_threads(1)  # as each node's worker (OMP_NUM_THREADS=1)
-        grid, settings = LocalGrid(3), dict(algo="scaffold", rounds=3, min_replies="0.6")
-        serve(grid, tmp_path / "missed", stop_after=1, **settings)
-        grid.down.add(101)
-        serve(grid, tmp_path / "missed", resume=True, stop_after=1, **settings)
-        grid.down.clear()
-        serve(grid, tmp_path / "missed", resume=True, **settings)
+        torch.set_num_threads(1)
+        grid = LocalGrid(clients)
+        drive(grid, lambda **options: serve(grid, path, clients=clients, **settings, **options))
     finally:
         torch.set_num_threads(threads)
         monkeypatch.undo()
-    strip = lambda r: {k: v for k, v in r.items()  # noqa: E731
-                       if k not in ("seconds", "missing_reasons", "late_replies")}
-    missed = [json.loads(line) for line in (tmp_path / "missed" / "metrics.jsonl").read_text().splitlines()]
-    assert [strip(r) for r in rows] == [strip(r) for r in missed]
-    for name in ("final.pt", "state.pt"):
-        a, b = (torch.load(p / name, weights_only=False) for p in (tmp_path / "run", tmp_path / "missed"))
-        assert _tensors(a) == _tensors(b), name
+    return rows(path)
+
+
+def _strip(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("seconds", "missing_reasons", "late_replies")}
 
 
 def _tensors(tree, path=""):
