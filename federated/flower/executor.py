@@ -112,12 +112,23 @@ def run_task(address: str, token: str, app, root: Path, first: bool = False) -> 
     finally:
         try:
             if reply is not None and context is not None:
-                push_message(client, reply, context)
-            push_task_output(client, context, status, details)
+                _push("the reply", push_message, client, reply, context)
+            _push("the task's end", push_task_output, client, context, status, details)
         finally:
             heartbeat.stop()
             client.close()
     return status
+
+
+def _push(what: str, push, *args) -> None:
+    """``push(*args)``, one line when it fails: a reply the SuperNode no longer takes (its message expired
+    at the round's timeout while this node trained, and the server has closed that round) is dropped, and
+    the executor serves the next task, as a node that missed the round."""
+    try:
+        push(*args)
+    except Exception as exc:  # noqa: BLE001 - never the end of the executor
+        print(f"fpsfl executor: could not push {what} to the SuperNode ({type(exc).__name__}: {exc}); "
+              f"dropped", file=sys.stderr, flush=True)
 
 
 def _beat(client: RuntimeHttpClient) -> bool:
@@ -150,7 +161,11 @@ def serve(address: str, poll_s: float = POLL_S, max_tasks: int | None = None) ->
                 continue
             waiting = False
             if res.HasField("task") and res.token:
-                run_task(address, res.token, app, root, first=done == 0)
+                try:
+                    run_task(address, res.token, app, root, first=done == 0)
+                except Exception as exc:  # noqa: BLE001 - a bug of one task is not the end of the node
+                    print(f"fpsfl executor: task failed: {type(exc).__name__}: {exc}", file=sys.stderr,
+                          flush=True)
                 done += 1
             else:
                 time.sleep(poll_s)

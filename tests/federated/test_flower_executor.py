@@ -94,6 +94,23 @@ def test_every_task_gets_a_reply_and_the_context_back(monkeypatch, tmp_path, cas
         assert "RuntimeError: boom" in reply.error.reason
 
 
+def test_a_reply_the_supernode_no_longer_takes_is_dropped_in_one_line(monkeypatch, capsys):
+    """A node that trained past the round's timeout: its message has expired and the SuperNode refuses the
+    push. The executor says so, still hands the task's end back, and lives on to serve the next task."""
+    root = executor.installed_root()
+    link = _Link(monkeypatch, _fab(root, FILES))
+
+    def refused(client, reply, ctx):
+        raise RuntimeError("The push session may have expired or been replaced.")
+
+    monkeypatch.setattr(executor, "push_message", refused)
+    app = lambda message, context: Message(RecordDict(), reply_to=message)  # noqa: E731
+    assert executor.run_task("127.0.0.1:1", "token", app, root) == SubStatus.COMPLETED
+    assert link.closed and len(link.output) == 1
+    assert "could not push the reply to the SuperNode (RuntimeError: The push session may have expired" \
+        in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["nowhere"], "HOST:PORT"), (["127.0.0.1:x"], "HOST:PORT"), (["127.0.0.1:9094", "--poll", "0"], "--poll"),
 ])
