@@ -30,19 +30,36 @@ from pathlib import Path
 
 from flwr.app import Error, Message
 from flwr.common.constant import ErrorCode, SubStatus
-from flwr.proto.runtime_pb2 import AcquireTaskRequest, SendTaskHeartbeatRequest
+from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
+from flwr.proto.node_pb2 import Node
+from flwr.proto.runtime_pb2 import (
+    AcquireTaskRequest,
+    PullAppMessagesRequest,
+    PullTaskInputRequest,
+    SendTaskHeartbeatRequest,
+)
 from flwr.supercore.constant import TaskType
 from flwr.supercore.heartbeat import HeartbeatSender
+from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+    make_confirm_message_received_fn_protobuf,
+    make_pull_object_fn_protobuf,
+)
+from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
 from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
 from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
-from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+from flwr.supercore.task_identity import TaskIdentity
+from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from fpsfl.base.cli import UsageError
 
 from .phases import Phases
 
 POLL_S = 0.5  # between AcquireTask calls while idle (flower-superexec's default is 1 s)
+# Retries of a message part the SuperNode does not hold yet: its task exists as soon as the message's head
+# arrives, before its arrays. Flower's defaults (1 s, doubling to 10 s) suit a process that takes seconds to
+# start; a warm executor asks at once and would wait 1 + 2 + 4 + 8 s for a part that came 0.1 s later.
+PULL_BACKOFF_S, PULL_BACKOFF_CAP_S = 0.02, 0.25
 _CHECKED: dict[str, str] = {}  # FAB hash -> "" (the installed code) or the first file that differs
 
 
@@ -76,13 +93,12 @@ def _client(address: str, token: str | None = None) -> RuntimeHttpClient:
                                                  retry_invoker=make_simple_http_retry_invoker())
 
 
-def run_task(address: str, token: str, app, root: Path, first: bool = False) -> str:
-    """One ClientApp task of the SuperNode at ``address``: its sub-status (Flower's ``SubStatus``). ``first``:
-    this process's first task (its phases, logged with ``FPSFL_CLIENT_PHASES``, are then ``cold``)."""
+def run_task(address: str, token: str, app, root: Path) -> str:
+    """One ClientApp task of the SuperNode at ``address``: its sub-status (Flower's ``SubStatus``)."""
     from . import client_app
 
     phases = Phases("executor")
-    phases.cold = first
+    phases.cold = "federated.flower.node" not in sys.modules  # this process has not trained yet
     client = _client(address, token)
     heartbeat = HeartbeatSender(lambda: _beat(client))  # the SuperNode frees a task whose heartbeat stops
     heartbeat.start()
@@ -131,6 +147,25 @@ def _push(what: str, push, *args) -> None:
               f"dropped", file=sys.stderr, flush=True)
 
 
+def pull_task_input(client: RuntimeHttpClient):
+    """The task's message, Context, run and app bundle, as Flower's ``pull_task_input`` pulls them, with
+    the short retries above."""
+    res = client.PullTaskInput(PullTaskInputRequest())
+    TaskIdentity.task_id, TaskIdentity.run_id = res.task_id, res.run.run_id
+    TaskIdentity.node_id = res.context.node_id
+    context, run, fab = context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
+    pulled = client.PullMessages(PullAppMessagesRequest())
+    if not pulled.messages_list:
+        raise RuntimeError("the SuperNode has no message for this task")
+    node, tree = Node(node_id=context.node_id), pulled.message_object_trees[0]
+    message = pull_and_inflate_object_from_tree(
+        tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
+        return_type=Message, initial_backoff=PULL_BACKOFF_S, backoff_cap=PULL_BACKOFF_CAP_S)
+    message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower's: the head holds no id of its own
+    return message, context, run, fab
+
+
 def _beat(client: RuntimeHttpClient) -> bool:
     """One task heartbeat; False (retried by the sender) when the SuperNode cannot be reached. Unlike
     Flower's, a refused heartbeat does not interrupt this process: it serves the tasks that follow."""
@@ -162,7 +197,7 @@ def serve(address: str, poll_s: float = POLL_S, max_tasks: int | None = None) ->
             waiting = False
             if res.HasField("task") and res.token:
                 try:
-                    run_task(address, res.token, app, root, first=done == 0)
+                    run_task(address, res.token, app, root)
                 except Exception as exc:  # noqa: BLE001 - a bug of one task is not the end of the node
                     print(f"fpsfl executor: task failed: {type(exc).__name__}: {exc}", file=sys.stderr,
                           flush=True)

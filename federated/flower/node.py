@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from fpsfl.base.device import resolve_device
 
@@ -52,7 +52,7 @@ from ..setup import Setup, setup
 from ..shards import Shard, ShardError, check_manifest, load_shard, partition_settings
 from . import ERROR_CODES
 from .phases import Phases
-from .records import drop_tree, get_tree, has_tree, put_tree, tree_names
+from .records import drop_tree, get_tree, has_tree, is_packed, put_tree, read_state, state_record, tree_names
 from .run_config import options_from_run_config
 
 COMMITTED = "fpsfl.client"  # Context.state: {"round": r, "state": ...} of the last aggregated round
@@ -85,7 +85,7 @@ def train(msg: Message, context: Context, phases: Phases | None = None) -> Messa
     if state:  # staged until the server confirms it aggregated this reply (committed at once for others)
         name = f"{STAGED}{rnd}" if "confirmed" in config else COMMITTED
         put_tree(context.state, name, {"round": rnd, "state": state})
-    reply = RecordDict({"arrays": ArrayRecord({k: v.cpu() for k, v in result.state.items()}),
+    reply = RecordDict({"arrays": state_record(result.state, packed=is_packed(msg.content["arrays"])),
                         "metrics": MetricRecord({"num-examples": result.n_samples, "train-loss": loss,
                                                  "steps": result.steps, "client": client,
                                                  "keeps-state": int(bool(state))})})
@@ -112,7 +112,7 @@ def evaluate(msg: Message, context: Context, phases: Phases | None = None) -> Me
         _, s, _, client, device = _prepare(config, context, phases)
     except Refused as exc:
         return error_reply(msg, exc.kind, exc.reason)
-    s.model.load_state_dict({k: v.to(device) for k, v in msg.content["arrays"].to_torch_state_dict().items()})
+    s.model.load_state_dict(read_state(msg.content["arrays"], device))
     part = s.parts[client].to(s.data.train_x.device)
     with precision(s), torch.no_grad():
         metrics = s.task.evaluate(s.model, s.data.train_x[part], s.data.train_y[part])
@@ -231,7 +231,7 @@ def _train(cfg: FederateConfig, s: Setup, msg: Message, client: int, state: dict
                 raise Refused("config", str(exc)) from None
     else:  # FedAvg's default: the client's whole partition every local epoch
         pools = [s.parts[client]] * cfg.local_epochs
-    global_state = {k: v.to(device) for k, v in msg.content["arrays"].to_torch_state_dict().items()}
+    global_state = read_state(msg.content["arrays"], device)
     s.model.load_state_dict(global_state)
     lr = float(config["lr"]) if "lr" in config else lr_at(cfg, rnd)
     plan = RoundPlan(rnd, lr, [client], [pools], global_state, frozen_copy(s.model), {})

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from tqdm import tqdm
 
@@ -38,7 +38,7 @@ from ..selfsup.runner import data_config, run
 from ..shards import check_manifest, partition_settings
 from . import FlowerError, require_flower
 from .nodes import NodeBook, node_names
-from .records import get_tree, has_tree
+from .records import get_tree, has_tree, read_state, state_record
 from .replies import error_kind
 from .run_config import options_from_run_config
 from .selfsup_node import SPEC
@@ -71,7 +71,7 @@ class SelfPretrainDispatch(FlowerDispatch):
         if self.book is None:
             self.book = NodeBook(self.grid, self._exchange, self.wait_s, node_names(self.names, fed.clients))
         nodes = self.book.online(fed.clients, selected, need, f"--min-replies {self.min_replies}")
-        arrays = ArrayRecord({k: v.detach().cpu() for k, v in global_state.items()})
+        arrays = state_record(global_state)
         sent = [c for c in selected if c in nodes]
         config = {"server-round": rnd, "device": self.device, SPEC: self.spec}
         # ttl: an undelivered message dies with its round, so a slow node never runs an abandoned round
@@ -130,7 +130,7 @@ class SelfPretrainDispatch(FlowerDispatch):
                                  f"{self.expected[client][:16]}")
         device = next(iter(global_state.values())).device
         try:
-            state = {k: v.to(device) for k, v in content["arrays"].to_torch_state_dict().items()}
+            state = read_state(content["arrays"], device)
             extra = get_tree(content, "fpsfl.extra", device) if has_tree(content, "fpsfl.extra") else {}
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise ValueError(f"its arrays cannot be read ({type(exc).__name__})") from None

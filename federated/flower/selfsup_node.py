@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fpsfl.base.device import resolve_device
 from pretrain.backbones import create_backbone
@@ -35,7 +35,7 @@ from ..setup import partitioned
 from ..shards import ShardError, check_manifest, load_shard, partition_settings
 from .node import Refused, error_reply
 from .phases import Phases
-from .records import put_tree
+from .records import is_packed, put_tree, read_state, state_record
 
 SPEC = "fpsfl-self-pretrain"  # the config key holding the run's settings
 _DATA: dict[str, tuple] = {}  # this process's dataset and partition (one: the data load is slow)
@@ -53,7 +53,7 @@ def train(msg: Message, context: Context, phases: Phases | None = None) -> Messa
         client = int(config.get("client", context.node_config.get("partition-id", -1)))
         device = resolve_device(str(context.node_config.get("device", config.get("device", "auto"))))
         method, model, images, size, sha256 = _node(fed, sp, context.node_config, client, device, phases)
-        global_state = {k: v.to(device) for k, v in msg.content["arrays"].to_torch_state_dict().items()}
+        global_state = read_state(msg.content["arrays"], device)
         run = client_run(fed, sp, int(config["server-round"]), client, images, size)
         update = train_client(method, model, global_state, run)
     except Refused as exc:
@@ -63,7 +63,7 @@ def train(msg: Message, context: Context, phases: Phases | None = None) -> Messa
     phases.mark("train")
     metrics = {"num-examples": update.n_samples, "client": client,
                **{f"stat-{k}": float(v) for k, v in update.stats.items()}}
-    reply = RecordDict({"arrays": ArrayRecord({k: v.cpu() for k, v in update.state.items()}),
+    reply = RecordDict({"arrays": state_record(update.state, packed=is_packed(msg.content["arrays"])),
                         "metrics": MetricRecord(metrics)})
     put_tree(reply, "fpsfl.extra", update.extra)
     if sha256 is not None:  # which data it trained on: the server checks it against its manifest

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from tqdm import tqdm
 
@@ -46,7 +46,7 @@ from ..setup import Setup
 from ..shards import check_manifest, partition_settings, read_manifest
 from . import FlowerError
 from .nodes import NodeBook, node_names
-from .records import put_tree
+from .records import put_tree, state_record
 from .replies import Refused, error_kind, read_reply
 from .run_config import options_from_run_config
 
@@ -140,7 +140,7 @@ class FlowerDispatch:
         # the last round whose reply of this client was aggregated (-1: a record without it, never a round)
         confirmed = int(held.get("round", -1)) if held.get("in-context") else 0
         content = RecordDict({
-            "arrays": ArrayRecord({k: v.detach().cpu() for k, v in plan.global_state.items()}),
+            "arrays": state_record(plan.global_state),
             "config": ConfigRecord({"server-round": plan.rnd + 1, "lr": plan.lr, "client": client,
                                     "confirmed": confirmed, "device": self.device, "fpsfl-config": config})})
         reads = {k: s.algo.server[k] for k in type(s.algo).client_reads if k in s.algo.server}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,6 +195,57 @@ def test_records_carry_nested_state_bit_for_bit():
         "momentum": 0.9, "steps": 3, "name": "x", "none": None, "flag": True}
     with pytest.raises(TypeError, match="t/model"):
         put_tree(records, "t", {"model": nn.Linear(1, 1)})
+
+
+STATE_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+                torch.uint8, torch.bool]
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_model_state_travels_bit_for_bit_in_either_form(packed):
+    """Packed (our server and clients: two arrays, whatever the model) or Flower's one array per name (what
+    Flower's strategies average): every dtype, 0-d, empty and non-contiguous tensors come back equal."""
+    _flower()
+    from federated.flower.records import is_packed, read_state, state_record
+
+    gen = torch.Generator().manual_seed(0)
+    state = {f"t{i}": (torch.randn(3, 5, generator=gen) * 100).to(d) for i, d in enumerate(STATE_DTYPES)
+             if d is not torch.bfloat16 or packed}  # numpy, Flower's own form, has no bfloat16
+    state |= {"scalar": torch.tensor(7), "empty": torch.zeros(0, 4), "view": torch.randn(4, 6).t()}
+    record = state_record(state, packed=packed)
+    assert is_packed(record) == packed and len(record) == (2 if packed else len(state))
+    back = read_state(record)
+    assert list(back) == list(state)
+    for k, v in state.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape and torch.equal(back[k], v), k
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (lambda layout, blob: ("not json", blob), "not JSON"),
+    (lambda layout, blob: ([["w", "float32", [2, 3], 20]], blob), "is not 20 bytes"),
+    (lambda layout, blob: ([["w", "complex_nonsense", [6], 24]], blob), "no tensor dtype"),
+    (lambda layout, blob: ([["w", "float32", [-6], 24]], blob), "is not [name, dtype, shape, bytes]"),
+    (lambda layout, blob: ([["w", "float32", [12], 48]], blob), "runs past the bytes"),
+    (lambda layout, blob: (layout, torch.cat([blob, blob[:4]])), "extra bytes"),
+    (lambda layout, blob: (layout + [layout[0]], torch.cat([blob, blob[:24]])), "repeated name"),
+])
+def test_a_packed_state_that_lies_about_its_bytes_is_refused(edit, reason):
+    """Another process wrote it (a bug, a fault or intent): a layout that does not describe its bytes
+    exactly is a ValueError, which the server's reply check turns into a refused reply."""
+    _flower()
+    from flwr.app import Array, ArrayRecord
+
+    from federated.flower.records import BYTES, LAYOUT, read_state, state_record
+
+    record = state_record({"w": torch.randn(2, 3)})
+    layout = json.loads(record[LAYOUT].numpy().tobytes().decode())
+    blob = torch.from_numpy(record[BYTES].numpy())
+    layout, blob = edit(layout, blob)
+    text = layout if isinstance(layout, str) else json.dumps(layout)
+    head = torch.tensor(list(text.encode()), dtype=torch.uint8)
+    forged = ArrayRecord({LAYOUT: Array.from_torch_tensor(head), BYTES: Array.from_torch_tensor(blob)})
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        read_state(forged)
 
 
 def test_engine_flower_without_flower_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):

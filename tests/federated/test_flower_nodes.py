@@ -53,7 +53,9 @@ def test_a_round_with_enough_replies_aggregates_over_them_and_names_the_missing(
     rows = _rows(tmp_path)
     assert "missing_clients" not in rows[0] and rows[1]["missing_clients"] == [2]
     assert rows[1]["clients"] == [0, 1] and len(rows[1]["client_sizes"]) == 2
-    states = [r.content["arrays"].to_torch_state_dict() for r in grid.replies]
+    from federated.flower.records import read_state
+
+    states = [read_state(r.content["arrays"]) for r in grid.replies]
     weights = torch.tensor([float(r.content["metrics"]["num-examples"]) for r in grid.replies],
                            dtype=torch.float64)
     final = torch.load(tmp_path / "final.pt", weights_only=True)["model"]

@@ -91,16 +91,19 @@ def _metric(key, value):
 
 
 def _array(change, record="arrays"):
+    """A reply whose first floating-point array (of the model, or of a payload record) ``change`` makes
+    another (None: removed); it travels packed, as the node sent it."""
     def tamper(msg, reply):
-        from flwr.app import Array
+        from federated.flower.records import read_state, state_record
 
-        arrays = reply.content[record]
-        key = next(k for k in arrays if arrays[k].numpy().dtype.kind == "f")
-        value = change(arrays[key].numpy().copy())
+        state = read_state(reply.content[record])
+        key = next(k for k, v in state.items() if v.is_floating_point())
+        value = change(state[key].numpy().copy())
         if value is None:
-            del arrays[key]
+            del state[key]
         else:
-            arrays[key] = Array(value)
+            state[key] = torch.from_numpy(value)
+        reply.content[record] = state_record(state)
         return reply
     return tamper
 

@@ -69,8 +69,11 @@ def test_flower_messages_give_the_in_process_run(tmp_path, inprocess):
     _over(grid, tmp_path, "flower")
     assert _rows(inprocess / "inprocess.run") == _rows(tmp_path / "flower.run")
     _same_checkpoint(inprocess / "inprocess.ckpt", tmp_path / "flower.ckpt")
+    from federated.flower.records import read_state
+
     sent = [m for m in grid.sent if m.metadata.message_type == "train.selfpretrain"]
-    assert len(sent) == 2 * 2 and all("centroids" in m.content["arrays"] for m in sent)  # rounds 0-1, 2 each
+    assert len(sent) == 2 * 2  # rounds 0-1, 2 clients each
+    assert all("centroids" in read_state(m.content["arrays"]) for m in sent)
     assert all(r.content["fpsfl.extra.arrays"] for r in grid.replies)  # the local centroids
     assert all(len(ctx.state) == 0 for ctx in grid.contexts.values())  # stateless clients: nothing kept
 
