@@ -6,10 +6,12 @@ are :func:`federated.rounds.plan_round` and :func:`federated.rounds.close_round`
 in-process engine runs, so both engines give the same run by construction (tests/federated/test_flower.py).
 
 - :mod:`.run_config`: the app's typed run config (``flwr run . --run-config ...``) as federate's config.
-- :mod:`.records`: our nested dicts of tensors as Flower records.
+- :mod:`.records`: model states (packed: two arrays) and our nested dicts of tensors as Flower records.
 - :mod:`.client_app`: the ClientApp (one per client; its state in the Flower ``Context``), lean: it
   imports neither torch nor the run's code, and trains through :mod:`.node` (in its own process, or in a
   warm :mod:`.worker` that keeps torch, the shard and the model loaded across Flower's per-message processes).
+- :mod:`.executor`: a SuperNode's tasks in one long-lived process (``--isolation process``): no Flower
+  process per message at all (a deployment's default, recipes/flower_deploy.sh).
 - :mod:`.node`: a node's work on a message (train, evaluate), and the staging of its client state.
 - :mod:`.server_app`: the dispatcher the round loop calls, and the app's ServerApp (``flwr run .``);
   :mod:`.replies` checks every reply, :mod:`.nodes` decides which node serves which client.
