@@ -206,7 +206,7 @@ def test_every_bad_reply_in_flowers_simulation_runtime_counts_as_a_missing_clien
         opts = RunOptions(out=path, device="cpu", progress=False, engine="flower", min_replies="0.6")
         flower.require_flower(cfg, opts)
         runner.run(cfg, opts, host=lambda resolved, rounds: simulate(resolved, opts, rounds,
-                                                                     _tampering_app(2, tampers)))
+                                                                     clients=_tampering_app(2, tampers)))
 
     try:
         bad_replies_equal_failures(tmp_path, BAD, run)
