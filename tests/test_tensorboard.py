@@ -112,3 +112,18 @@ def test_analyze_tensorboard_bad_input_is_one_line(tmp_path, capsys):
     err = one_line_error(capsys, analyze, ["tensorboard", tmp_path / "a" / "x", tmp_path / "b" / "x", "--out",
                                            tmp_path / "tb"])
     assert "two runs are named 'x'" in err
+
+
+@pytest.mark.parametrize("main, base", [(federate, FED), (pretrain, ["fps", *PRE])],
+                         ids=["federate", "pretrain"])
+def test_a_tensorboard_folder_that_cannot_be_made_is_one_line_before_the_run(tmp_path, capsys, main, base):
+    """A file where the folder should be, a file above it, or a root nobody can make folders in (/proc):
+    exit 2 in one line before anything runs, not a traceback at the first metrics line."""
+    (tmp_path / "a-file").write_text("x")
+    bad = [tmp_path / "a-file", tmp_path / "a-file" / "below"]
+    bad += [Path("/proc/fpsfl-no-such-folder")] if Path("/proc/self").is_dir() else []
+    for target in bad:
+        out = tmp_path / "r.ckpt" if main is pretrain else tmp_path / "r"
+        err = one_line_error(capsys, main, [*base, "--out", out, "--tensorboard", target], root=tmp_path)
+        assert "--tensorboard" in err and not out.exists(), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

@@ -12,6 +12,7 @@ without it, asking for events is one line.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,29 @@ MISSING = ("--tensorboard needs the tensorboard package, which is not installed:
 
 class TensorBoardMissing(ValueError):
     """The tensorboard package is not installed; the message is one line."""
+
+
+def check_log_dir(log_dir: Path, flag: str = "--tensorboard") -> None:
+    """Refuse now, in one line, a ``log_dir`` that SummaryWriter could not make or write (a file in its
+    path, an unwritable root), rather than a traceback at the first metrics line. It tries what the writer
+    will do (make the first missing folder, or write a file in an existing one) and undoes it: the folder
+    appears with the first event, so a run refused later leaves nothing here."""
+    path, missing = Path(log_dir).absolute(), None
+    while not path.exists():
+        path, missing = path.parent, path
+    if not path.is_dir():
+        raise ValueError(f"{flag}: {path} is a file, not a folder")
+    try:
+        if missing is not None:
+            missing.mkdir()
+            missing.rmdir()
+        else:
+            probe = path / f".fpsfl-probe.tmp{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+    except OSError as exc:
+        what = f"make {missing}" if missing is not None else f"write in {path}"
+        raise ValueError(f"{flag}: cannot {what}: {exc.strerror or exc}") from None
 
 
 def scalars(record: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -60,6 +84,7 @@ class ScalarWriter:
 
     def __init__(self, log_dir: Path):
         self.log_dir = Path(log_dir)
+        check_log_dir(self.log_dir)
         self._cls = summary_writer_class()  # fail at the start of a run, not after its first epoch
         self._writer = None
 
