@@ -52,7 +52,17 @@ from ..setup import Setup, setup
 from ..shards import Shard, ShardError, check_manifest, load_shard, partition_settings
 from . import ERROR_CODES
 from .phases import Phases
-from .records import drop_tree, get_tree, has_tree, is_packed, put_tree, read_state, state_record, tree_names
+from .records import (
+    EXTRA,
+    drop_tree,
+    get_tree,
+    has_tree,
+    is_packed,
+    put_tree,
+    read_state,
+    state_record,
+    tree_names,
+)
 from .run_config import options_from_run_config
 
 COMMITTED = "fpsfl.client"  # Context.state: {"round": r, "state": ...} of the last aggregated round
@@ -90,7 +100,7 @@ def train(msg: Message, context: Context, phases: Phases | None = None) -> Messa
                                                  "steps": result.steps, "client": client,
                                                  "keeps-state": int(bool(state))})})
     if result.extra:
-        put_tree(reply, "fpsfl.extra", result.extra)
+        put_tree(reply, EXTRA, result.extra)
     if shard is not None:  # which data it trained on: the server checks it against its manifest
         reply["fpsfl.node"] = ConfigRecord({"shard-sha256": shard.sha256})
     phases.mark("reply")

@@ -30,6 +30,7 @@ SCALARS = (bool, int, float, str, type(None))
 
 
 LAYOUT, BYTES = "fpsfl.layout", "fpsfl.bytes"  # the two arrays of a packed state
+EXTRA = "fpsfl.extra"  # the tree of a client step's payload, beside the reply's model state
 
 
 def state_record(state: dict[str, torch.Tensor], packed: bool = True) -> ArrayRecord:
@@ -147,3 +148,10 @@ def _key(key: Any, path: str) -> str:
     if not isinstance(key, str):  # JSON keys are strings: an int key would come back as another key
         raise TypeError(f"{path}: key {key!r} is not a str; it cannot travel in a Flower message")
     return key
+
+
+def read_update(content: RecordDict, device: torch.device | str = "cpu") -> tuple[dict, Any]:
+    """A client's reply: its model state (``arrays``, either form) and its payload (:data:`EXTRA`, ``{}``
+    without one), on ``device``. A malformed reply raises what :func:`read_state` and :func:`get_tree` do."""
+    state = read_state(content["arrays"], device)
+    return state, get_tree(content, EXTRA, device) if has_tree(content, EXTRA) else {}

@@ -27,7 +27,7 @@ from ..experiment import FederateConfig
 from ..rounds import RoundPlan, planned_batches
 from ..setup import Setup
 from . import ERROR_CODES
-from .records import get_tree, has_tree, read_state
+from .records import read_update
 
 KINDS = {code: kind for kind, code in ERROR_CODES.items()}
 
@@ -72,8 +72,7 @@ def read_reply(s: Setup, cfg: FederateConfig, plan: RoundPlan, i: int, reply: Me
             raise Refused(f"its node trained on {trained}, not the manifest's {shard_sha256[:16]}; give it "
                           f"the manifest's shard (node config data-dir)")
     try:
-        state = read_state(content["arrays"], device)
-        extra = get_tree(content, "fpsfl.extra", device) if has_tree(content, "fpsfl.extra") else {}
+        state, extra = read_update(content, device)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise Refused(f"its arrays cannot be read ({type(exc).__name__})") from None
     result = ClientResult(client, state, examples, steps, extra)

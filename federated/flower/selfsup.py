@@ -38,7 +38,7 @@ from ..selfsup.runner import data_config, run
 from ..shards import check_manifest, partition_settings
 from . import FlowerError, require_flower
 from .nodes import NodeBook, node_names
-from .records import get_tree, has_tree, read_state, state_record
+from .records import read_update, state_record
 from .replies import error_kind
 from .run_config import options_from_run_config
 from .selfsup_node import SPEC
@@ -130,8 +130,7 @@ class SelfPretrainDispatch(FlowerDispatch):
                                  f"{self.expected[client][:16]}")
         device = next(iter(global_state.values())).device
         try:
-            state = read_state(content["arrays"], device)
-            extra = get_tree(content, "fpsfl.extra", device) if has_tree(content, "fpsfl.extra") else {}
+            state, extra = read_update(content, device)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise ValueError(f"its arrays cannot be read ({type(exc).__name__})") from None
         update = ClientUpdate(client, state, size, extra, stats)

@@ -35,7 +35,7 @@ from ..setup import partitioned
 from ..shards import ShardError, check_manifest, load_shard, partition_settings
 from .node import Refused, error_reply
 from .phases import Phases
-from .records import is_packed, put_tree, read_state, state_record
+from .records import EXTRA, is_packed, put_tree, read_state, state_record
 
 SPEC = "fpsfl-self-pretrain"  # the config key holding the run's settings
 _DATA: dict[str, tuple] = {}  # this process's dataset and partition (one: the data load is slow)
@@ -65,7 +65,7 @@ def train(msg: Message, context: Context, phases: Phases | None = None) -> Messa
                **{f"stat-{k}": float(v) for k, v in update.stats.items()}}
     reply = RecordDict({"arrays": state_record(update.state, packed=is_packed(msg.content["arrays"])),
                         "metrics": MetricRecord(metrics)})
-    put_tree(reply, "fpsfl.extra", update.extra)
+    put_tree(reply, EXTRA, update.extra)
     if sha256 is not None:  # which data it trained on: the server checks it against its manifest
         reply["fpsfl.node"] = ConfigRecord({"shard-sha256": sha256})
     phases.mark("reply")

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .files import temp_path
+from .files import probe_write, temp_path
 from .settings import choices_of, field_types, fits, flag_of, in_interval, scalar
 
 
@@ -54,9 +53,7 @@ def writable_dir(path: Path, flag: str = "--out") -> Path:
         raise UsageError(f"{flag} {path} is a file, not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".probe.tmp{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        probe_write(path)
     except OSError as exc:
         raise UsageError(f"cannot write in {flag} {path}: {exc.strerror or exc}") from None
     return path

@@ -50,6 +50,14 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
+def probe_write(folder: Path) -> None:
+    """Write and remove an empty file in ``folder``; OSError where that fails. Named as :func:`temp_path`
+    names, so a kill in between leaves what :func:`clean_stale` removes."""
+    probe = temp_path(Path(folder) / "probe")
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` to a temporary file beside ``path``, sync it, rename it over ``path``, sync the folder:
     a crash leaves the old file or the new one, never half of one."""

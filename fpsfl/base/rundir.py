@@ -36,7 +36,7 @@ import torch
 from .checkpoint import load_weights_only, plain
 from .files import CRASH_ENV, LockedError, append_line, atomic_save, atomic_write, clean_stale, lock_file
 from .settings import setting
-from .tensorboard import ScalarWriter, run_log_dir
+from .tensorboard import ScalarWriter, check_log_dir, run_log_dir
 
 STATE = "state.pt"
 LOCK = ".lock"
@@ -107,7 +107,11 @@ class RunDir:
         self.config_path, self.metrics_path = self.path / "config.json", self.path / "metrics.jsonl"
         self.state_path = self.path / STATE
         self._lock_fd: int | None = None
-        self._scalars = ScalarWriter(run_log_dir(tensorboard, self.path)) if tensorboard is not None else None
+        self._scalars = None
+        if tensorboard is not None:  # the flag checked once, before the run (analyze checks its own --out)
+            log_dir = run_log_dir(tensorboard, self.path)
+            check_log_dir(log_dir)
+            self._scalars = ScalarWriter(log_dir)
 
     # ---- the whole life of a run ---------------------------------------------------------------------
     @contextmanager

@@ -12,10 +12,11 @@ without it, asking for events is one line.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from .files import probe_write
 
 MISSING = ("--tensorboard needs the tensorboard package, which is not installed: "
            "pip install 'fpsfl[tensorboard]' (or pip install tensorboard)")
@@ -40,9 +41,7 @@ def check_log_dir(log_dir: Path, flag: str = "--tensorboard") -> None:
             missing.mkdir()
             missing.rmdir()
         else:
-            probe = path / f".fpsfl-probe.tmp{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
+            probe_write(path)
     except OSError as exc:
         what = f"make {missing}" if missing is not None else f"write in {path}"
         raise ValueError(f"{flag}: cannot {what}: {exc.strerror or exc}") from None
@@ -84,7 +83,6 @@ class ScalarWriter:
 
     def __init__(self, log_dir: Path):
         self.log_dir = Path(log_dir)
-        check_log_dir(self.log_dir)
         self._cls = summary_writer_class()  # fail at the start of a run, not after its first epoch
         self._writer = None
 
