@@ -4,7 +4,10 @@ For checkpoints of increasing pre-training budgets (several seeds per budget all
 started from them (and from random init), draws against the number of FPS pairs seen (log scale):
 - the kNN and linear probes of each checkpoint's frozen backbone (:mod:`pretrain.probe`) on a labelled set
   (digits by default; ``--dataset imagefolder --data-root DIR`` for natural images, e.g. a CIFAR-10 subset),
-  as mean ± std over the checkpoints of one budget; random init is a horizontal line;
+  as mean ± std over the checkpoints of one budget; the probe is fair by default (every backbone's
+  BatchNorm statistics re-estimated on the probe's training images, ``--bn``), and random init is a band,
+  mean ± std over ``--seeds`` random inits treated the same way;
+- how far each checkpoint's deepest stage turned from its init (cosine to init, :mod:`pretrain.signals`);
 - the label-free signals the pre-training run logged at the checkpoint's epoch (its ``metrics.jsonl``):
   RankMe (Garrido et al., ICML 2023) on held-out fractal views and SimSiam's ``z_std``;
 - the final federated test accuracy, mean ± std over the seeds of the runs whose ``--init`` was one of
@@ -19,15 +22,13 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
 from fpsfl.base.checkpoint import load_checkpoint
-from fpsfl.base.cli import COUNT, SEED, TEXT
+from fpsfl.base.cli import TEXT
 from fpsfl.base.device import resolve_device
 from fpsfl.base.rundir import read_jsonl
 
 from .output import new_figure, output_dir, save_figure, write_json
-from .probe import check_checkpoints, probe_checkpoint, probe_data
+from .probe import add_probe_flags, check_checkpoints, mean_std, probe_checkpoint, probe_data, random_baseline
 from .runs import AnalysisError, Run, load_runs
 
 SIGNALS = ("rankme", "z_std")  # the run's own per-epoch quality signals drawn beside the probes
@@ -59,36 +60,41 @@ def _final_accs(runs: list[Run]) -> list[float]:
     return [100 * run.metrics[-1]["test_acc"] for run in runs]
 
 
-def budget_points(checkpoints: list[str], runs: list[Run], data, device: str, seed: int,
-                  input_size: int | None = None) -> dict:
-    """Per budget (pairs seen): each checkpoint's probes and signals, and the federated accuracies of the
-    runs that any of its checkpoints initialised."""
+def budget_points(checkpoints: list[str], runs: list[Run], data, device: str, seeds: list[int],
+                  input_size: int | None = None, bn: str = "reestimate") -> dict:
+    """Per budget (pairs seen): each checkpoint's probes, drift and signals, and the federated accuracies
+    of the runs that any of its checkpoints initialised; the random baseline over ``seeds`` for the first
+    checkpoint's architecture (a study has one)."""
     by_pairs: dict[int, list[dict]] = defaultdict(list)
     random, dev = None, resolve_device(device)
     for path in checkpoints:
         ckpt = load_checkpoint(path)
-        # the random-init baseline once, for the first checkpoint's architecture: with one seed it is the
-        # same network for every checkpoint of a study
-        result = probe_checkpoint(path, data, input_size, dev, seed, baseline=random is None)
-        random = random or result["random_init"]
+        result = probe_checkpoint(path, data, input_size, dev, bn)
+        if random is None:
+            random = random_baseline(result["arch"], result["width"], data, result["input_size"], dev, seeds,
+                                     bn)
         by_pairs[pairs_seen(ckpt, path)].append(
             {"checkpoint": path, "seed": ckpt["config"].get("pretrain", {}).get("seed"), **result["probe"],
-             **run_signals(path, ckpt["epoch"])})
+             "deepest_cos": result["deepest_cos"], **run_signals(path, ckpt["epoch"])})
     points = []
     for pairs, members in sorted(by_pairs.items()):
         paths = {Path(m["checkpoint"]).resolve() for m in members}
         mine = [r for r in runs if Path(r.config.init).resolve() in paths]
         points.append({"pairs": pairs, "checkpoints": members, "federated": _final_accs(mine),
                        **{k: [m[k] for m in members if k in m]
-                          for k in ("knn_acc", "linear_acc", *SIGNALS)}})
+                          for k in ("knn_acc", "linear_acc", "deepest_cos", *SIGNALS)}})
     return {"points": points, "random_init": random,
             "random_federated": _final_accs([r for r in runs if r.config.init == "random"])}
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    if not values:
-        return float("nan"), 0.0
-    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+_mean_std = mean_std
+
+
+def _band(ax, base: dict, key: str, color: str, label: str) -> None:
+    """The random inits' mean ± std of ``key`` as a horizontal band."""
+    m, s = 100 * base[key], 100 * base[f"{key}_std"]
+    ax.axhline(m, color=color, ls=":", label=f"{label} ({m:.1f} ± {s:.1f})")
+    ax.axhspan(m - s, m + s, color=color, alpha=0.12)
 
 
 def _errorbar(ax, x, points, key, scale, **kw) -> None:
@@ -104,16 +110,18 @@ def plot_budget(result: dict, path: Path, dataset: str) -> None:
     px, sx = axes[0], axes[1]
     _errorbar(px, x, points, "knn_acc", 100, fmt="-o", label="kNN probe")
     _errorbar(px, x, points, "linear_acc", 100, fmt="-s", label="linear probe")
-    px.axhline(100 * base["knn_acc"], color="C0", ls=":", label="random init, kNN")
-    px.axhline(100 * base["linear_acc"], color="C1", ls=":", label="random init, linear")
+    n = len(base["seeds"])
+    _band(px, base, "knn_acc", "C0", f"random init, kNN, {n} seeds")
+    _band(px, base, "linear_acc", "C1", f"random init, linear, {n} seeds")
+    fair = "BatchNorm re-estimated" if base["bn"] == "reestimate" else "eval-mode BatchNorm (unfair)"
     px.set(xscale="log", xlabel="FPS pairs seen", ylabel=f"{dataset} test accuracy (%)",
-           title=f"frozen-feature probes on {dataset}, mean ± std over seeds")
+           title=f"frozen-feature probes on {dataset} ({fair}), mean ± std")
     _errorbar(sx, x, points, "rankme", 1, fmt="-o", color="C2", label="RankMe (held-out fractal views)")
     sx.set(xscale="log", xlabel="FPS pairs seen", ylabel="RankMe of the backbone's features",
            title="label-free signals at the checkpoint")
     zx = sx.twinx()
-    _errorbar(zx, x, points, "z_std", 1, fmt="--s", color="C4", label="z_std (SimSiam)")
-    zx.set_ylabel("z_std")
+    _errorbar(zx, x, points, "deepest_cos", 1, fmt="--s", color="C4", label="deepest stage's cosine to init")
+    zx.set_ylabel("cosine to init (deepest stage)")
     sx.legend(fontsize=7, loc="upper left")
     zx.legend(fontsize=7, loc="lower right")
     if fed:
@@ -139,17 +147,21 @@ def cmd_budget(args: argparse.Namespace) -> None:
     check_checkpoints(args.checkpoints)
     data = probe_data(args.dataset, args.data_root, args.seed)
     out = output_dir(args.out, runs, args.checkpoints)
-    result = budget_points(args.checkpoints, runs, data, args.device, args.seed, args.input_size)
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    result = budget_points(args.checkpoints, runs, data, args.device, seeds, args.input_size, args.bn)
     result["dataset"] = args.dataset
     plot_budget(result, out / "budget.png", args.dataset)
     write_json(out / "budget.json", result)
     base = result["random_init"]
-    print(f"{'random init':>16s}: kNN {100 * base['knn_acc']:.1f}%, linear {100 * base['linear_acc']:.1f}%"
+    print(f"{'random init':>16s}: kNN {100 * base['knn_acc']:.1f} ± {100 * base['knn_acc_std']:.1f}%, linear "
+          f"{100 * base['linear_acc']:.1f} ± {100 * base['linear_acc_std']:.1f}% ({len(seeds)} seeds, bn "
+          f"{args.bn})"
           + (f", FedAvg {_text(result['random_federated'], 1)}" if result["random_federated"] else ""))
     for p in result["points"]:
         fed = f", FedAvg {_text(p['federated'], 1)}" if p["federated"] else ""
         print(f"{p['pairs']:>10,} pairs: kNN {_text(p['knn_acc'])}%, linear {_text(p['linear_acc'])}%, "
-              f"RankMe {_text(p['rankme'], 1)} (n={len(p['checkpoints'])}){fed}")
+              f"cos to init {_text(p['deepest_cos'], 1)}, RankMe {_text(p['rankme'], 1)} "
+              f"(n={len(p['checkpoints'])}){fed}")
     print(f"wrote {out / 'budget.png'} and budget.json")
 
 
@@ -161,13 +173,7 @@ def register(sub) -> None:
                    help="pretrain checkpoints of several budgets (several seeds of a budget are averaged)")
     p.add_argument("--runs", nargs="*", default=[], metavar="RUN",
                    help="federate run directories from those checkpoints and from random init")
-    p.add_argument("--dataset", type=TEXT, default="digits",
-                   help="labelled set of the probes: a classification dataset of federate (default: digits)")
-    p.add_argument("--data-root", type=TEXT, help="folder holding the dataset (see federate --help)")
-    p.add_argument("--input-size", type=COUNT, help="px the backbone sees (default: the checkpoint's "
-                   "pre-training size)")
-    p.add_argument("--seed", type=SEED, default=0, help="seed of the random-init probe baseline (default 0)")
-    p.add_argument("--device", type=TEXT, default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    add_probe_flags(p)
     p.add_argument("--out", type=TEXT, help="output folder (default: analysis/ in the common parent of the "
                    "checkpoints and runs)")
     p.set_defaults(run=cmd_budget)

@@ -1,5 +1,13 @@
-"""``analyze probe CKPT``: kNN and linear-probe accuracy of a checkpoint's frozen backbone, beside a random
-init of the same architecture (the baseline), on any labelled ``federate`` dataset (digits by default).
+"""``analyze probe CKPT``: kNN and linear-probe accuracy of a checkpoint's frozen backbone, beside random
+inits of the same architecture (the baseline, ``--seeds`` of them: mean ± std), on any labelled
+``federate`` dataset (digits by default).
+
+The probe is fair by default (issue 38): every backbone, each random init included, has its BatchNorm
+statistics re-estimated on the probe's training images before it is frozen (``--bn reestimate``). With
+``--bn eval`` the backbones keep the statistics they carry, which credits a pre-training's data statistics
+as if they were features: the number earlier versions printed, kept labelled as what it is. Beside the
+accuracies each checkpoint's deepest-stage cosine to its initial weights is printed, with the verdict line
+when it has barely moved (:mod:`pretrain.signals`).
 
 The probe itself is :mod:`pretrain.probe` (Wu et al. 2018's weighted kNN, a logistic-regression linear
 probe); this command reads checkpoints, loads the dataset, prints a table and writes ``probe.json``.
@@ -10,6 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from federated.datasets import DataConfig, load_dataset
@@ -17,10 +26,13 @@ from fpsfl.base.checkpoint import load_backbone_weights, load_checkpoint
 from fpsfl.base.cli import COUNT, SEED, TEXT
 from fpsfl.base.device import resolve_device
 from pretrain.backbones import create_backbone
-from pretrain.probe import ProbeData, probe
+from pretrain.probe import BN_MODES, ProbeData, probe
+from pretrain.signals import checkpoint_drift, deepest_cos, verdict
 
 from .output import output_dir, write_json
 from .runs import AnalysisError
+
+RANDOM_SEEDS = 3  # random inits in the baseline (issue 38: a gain counts only against 3 seeds' spread)
 
 
 def probe_data(dataset: str, root: str | None, seed: int) -> ProbeData:
@@ -31,21 +43,52 @@ def probe_data(dataset: str, root: str | None, seed: int) -> ProbeData:
     return ProbeData(data.train_x, data.train_y, data.test_x, data.test_y, data.n_classes)
 
 
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample std (0 for one value) of ``values``."""
+    if not values:
+        return float("nan"), 0.0
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def random_baseline(arch: str, width: float, data: ProbeData, size: int, device: torch.device,
+                    seeds: list[int], bn: str = "reestimate") -> dict:
+    """The probes of random inits of ``arch`` (one per seed), treated as the checkpoints are: per seed, and
+    the mean and std of each accuracy."""
+    rows = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        rows.append({"seed": seed, **probe(create_backbone(arch, width).to(device), data, size, bn=bn)})
+    out: dict = {"arch": arch, "width": width, "input_size": size, "bn": bn, "seeds": rows}
+    for key in ("knn_acc", "linear_acc"):
+        out[key], out[f"{key}_std"] = mean_std([r[key] for r in rows])
+    return out
+
+
 def probe_checkpoint(path: str, data: ProbeData, input_size: int | None, device: torch.device,
-                     seed: int, baseline: bool = True) -> dict:
-    """The probes of the checkpoint at ``path`` and, with ``baseline``, of a random init (``seed``) of its
-    architecture (``random_init``)."""
+                     bn: str = "reestimate") -> dict:
+    """The probe of the checkpoint at ``path``, with its drift from init and the verdict when it has not
+    moved."""
     ckpt = load_checkpoint(path)
     size = input_size or int(ckpt["config"].get("pretrain", {}).get("size", 32))
-    torch.manual_seed(seed)
-    random = create_backbone(ckpt["arch"], ckpt["width"]).to(device)
     trained = create_backbone(ckpt["arch"], ckpt["width"])
     load_backbone_weights(trained, ckpt, str(path))
-    out = {"checkpoint": str(path), "arch": ckpt["arch"], "width": ckpt["width"], "epoch": ckpt["epoch"],
-           "method": ckpt["method"], "source": ckpt["source"], "input_size": size,
-           "probe": probe(trained.to(device), data, size)}
-    if baseline:
-        out["random_init"] = probe(random, data, size)
+    drift = checkpoint_drift(ckpt)
+    return {"checkpoint": str(path), "arch": ckpt["arch"], "width": ckpt["width"], "epoch": ckpt["epoch"],
+            "method": ckpt["method"], "source": ckpt["source"], "input_size": size, "bn": bn,
+            "probe": probe(trained.to(device), data, size, bn=bn), "drift": drift,
+            "deepest_cos": deepest_cos(drift) if drift else None,
+            "verdict": verdict(drift) if drift else None}
+
+
+def baselines_for(rows: list[dict], data: ProbeData, device: torch.device, seeds: list[int], bn: str) -> dict:
+    """One random baseline per (arch, width, input size) among ``rows``, keyed ``arch@width@size``; each
+    row gets its own as ``random_init`` (mean accuracies, per-seed rows)."""
+    out: dict = {}
+    for r in rows:
+        key = f"{r['arch']}@{r['width']:g}@{r['input_size']}"
+        if key not in out:
+            out[key] = random_baseline(r["arch"], r["width"], data, r["input_size"], device, seeds, bn)
+        r["random_init"] = out[key]
     return out
 
 
@@ -55,33 +98,60 @@ def check_checkpoints(paths: list[str]) -> None:
         load_checkpoint(path)
 
 
+def _pm(mean: float, std: float) -> str:
+    return f"{100 * mean:5.1f} ± {100 * std:3.1f}"
+
+
 def cmd_probe(args: argparse.Namespace) -> None:
     check_checkpoints(args.checkpoints)
     device = resolve_device(args.device)
     data = probe_data(args.dataset, args.data_root, args.seed)
     out = output_dir(args.out, [], args.checkpoints)
-    rows = [probe_checkpoint(p, data, args.input_size, device, args.seed) for p in args.checkpoints]
-    print(f"{'checkpoint':40s} {'kNN':>7s} {'linear':>7s}   random init: {'kNN':>7s} {'linear':>7s}")
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    rows = [probe_checkpoint(p, data, args.input_size, device, args.bn) for p in args.checkpoints]
+    baselines_for(rows, data, device, seeds, args.bn)
+    label = ("BatchNorm re-estimated on the probe's training images" if args.bn == "reestimate" else
+             "eval mode: each backbone's own BatchNorm statistics, NOT a fair comparison")
+    print(f"probe on {args.dataset} ({label})")
+    print(f"{'checkpoint':36s} {'kNN':>7s} {'linear':>7s} {'cos init':>9s}   random init "
+          f"({len(seeds)} seeds): {'kNN':>11s} {'linear':>11s}")
     for r in rows:
         p, b = r["probe"], r["random_init"]
-        print(f"{Path(r['checkpoint']).name:40s} {100 * p['knn_acc']:6.1f}% {100 * p['linear_acc']:6.1f}%"
-              f"                {100 * b['knn_acc']:6.1f}% {100 * b['linear_acc']:6.1f}%")
-    write_json(out / "probe.json", {"dataset": args.dataset, "rows": rows})
+        cos = f"{r['deepest_cos']:.4f}" if r["deepest_cos"] is not None else "–"
+        print(f"{Path(r['checkpoint']).name:36s} {100 * p['knn_acc']:6.1f}% {100 * p['linear_acc']:6.1f}% "
+              f"{cos:>9s}   {'':>24s}{_pm(b['knn_acc'], b['knn_acc_std'])} "
+              f"{_pm(b['linear_acc'], b['linear_acc_std'])}")
+        if r["verdict"]:
+            print(f"  {Path(r['checkpoint']).name}: {r['verdict']}")
+    write_json(out / "probe.json", {"dataset": args.dataset, "bn": args.bn, "rows": rows})
     print(f"wrote {out / 'probe.json'}")
 
 
-def register(sub) -> None:
-    p = sub.add_parser("probe", help="kNN and linear-probe accuracy of checkpoints' frozen backbones, "
-                       "beside a random init", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="pretrain checkpoints (.ckpt)")
+def add_probe_flags(p: argparse.ArgumentParser) -> None:
+    """The flags ``analyze probe`` and ``analyze budget`` share."""
     p.add_argument("--dataset", type=TEXT, default="digits",
                    help="a classification dataset of federate (default: digits)")
     p.add_argument("--data-root", type=TEXT, help="folder holding the dataset (see federate --help)")
     p.add_argument("--input-size", type=COUNT, help="px the backbone sees (default: the checkpoint's "
                    "pre-training size)")
-    p.add_argument("--seed", type=SEED, default=0, help="seed of the random-init baseline (default 0)")
+    p.add_argument("--seed", type=SEED, default=0, help="first seed of the random-init baselines "
+                   "(default 0)")
+    p.add_argument("--seeds", type=COUNT, default=RANDOM_SEEDS, help="random inits in the baseline, seeds "
+                   f"--seed, --seed + 1, ... (default {RANDOM_SEEDS}: mean ± std)")
+    p.add_argument("--bn", choices=BN_MODES, default="reestimate",
+                   help="reestimate (default, the fair probe): every backbone's BatchNorm statistics, random "
+                        "inits' included, re-estimated on the probe's training images before it is frozen; "
+                        "eval: each keeps its own statistics (credits pre-training data statistics as "
+                        "features)")
     p.add_argument("--device", type=TEXT, default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("probe", help="kNN and linear-probe accuracy of checkpoints' frozen backbones, "
+                       "beside random inits (BatchNorm re-estimated)", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="pretrain checkpoints (.ckpt)")
+    add_probe_flags(p)
     p.add_argument("--out", type=TEXT,
                    help="output folder for probe.json (default: analysis/ beside the checkpoints)")
     p.set_defaults(run=cmd_probe)

@@ -11,6 +11,7 @@ learned anything, and ``pretrain --probe digits`` logs it while pre-training run
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,13 +60,40 @@ def digits_probe(size: int = 32) -> ProbeData:
     return ProbeData(*digits(size), n_classes=10)
 
 
+BN_MODES = ("reestimate", "eval")  # the fair probe (default) and the eval-mode one, labelled as such
+
+
+@torch.no_grad()
+def reestimate_bn(backbone: nn.Module, images: Tensor, input_size: int, batch_size: int = 256) -> nn.Module:
+    """A copy of ``backbone`` whose BatchNorm running statistics are re-estimated on ``images`` (uint8
+    (N, S, S, 3)): reset, then the cumulative mean and variance over one pass (momentum None), every other
+    module in eval mode. The fair probe's first step (issue 38): a random init's BatchNorm is the identity,
+    a pre-trained one carries its pre-training data's statistics, and an eval-mode probe credits that
+    difference to the features. After this, a backbone whose only change is its BatchNorm statistics
+    probes exactly as the random init does."""
+    model = copy.deepcopy(backbone).eval()
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # the cumulative average: every batch counts equally, order-free up to rounding
+        m.train()
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    for i in range(0, len(images), batch_size):
+        chunk = images[i:i + batch_size]
+        if len(chunk) > 1:  # BatchNorm cannot take a batch of one in training mode
+            model(eval_batch(chunk.to(device), input_size).to(dtype))
+    return model.eval()
+
+
 @torch.no_grad()
 def embed(backbone: nn.Module, images: Tensor, input_size: int, batch_size: int = 256) -> Tensor:
     """L2-normalised features (N, D) of uint8 (N, S, S, 3) ``images`` at ``input_size`` px, eval mode."""
     was_training = backbone.training
     backbone.eval()
     device = next(backbone.parameters()).device
-    out = [backbone(eval_batch(images[i:i + batch_size].to(device), input_size)).float()
+    dtype = next(backbone.parameters()).dtype
+    out = [backbone(eval_batch(images[i:i + batch_size].to(device), input_size).to(dtype)).float()
            for i in range(0, len(images), batch_size)]
     backbone.train(was_training)
     return F.normalize(torch.cat(out), dim=1).cpu()
@@ -96,8 +124,16 @@ def linear_accuracy(train_f: Tensor, train_y: Tensor, test_f: Tensor, test_y: Te
     return float(clf.score(scaler.transform(test_f.numpy()), test_y.numpy()))
 
 
-def probe(backbone: nn.Module, data: ProbeData, input_size: int, linear: bool = True) -> dict[str, float]:
-    """{"knn_acc"} (and {"linear_acc"}) of ``backbone``'s frozen features on ``data``."""
+def probe(backbone: nn.Module, data: ProbeData, input_size: int, linear: bool = True,
+          bn: str = "reestimate") -> dict[str, float]:
+    """{"knn_acc"} (and {"linear_acc"}) of ``backbone``'s frozen features on ``data``. ``bn="reestimate"``
+    (the fair probe) first re-estimates the BatchNorm statistics on ``data``'s training images
+    (:func:`reestimate_bn`; ``backbone`` itself is untouched); ``bn="eval"`` embeds with the statistics the
+    backbone carries, which credits pre-training data's statistics as if they were features."""
+    if bn not in BN_MODES:
+        raise ValueError(f"bn must be one of {BN_MODES}, got {bn!r}")
+    if bn == "reestimate":
+        backbone = reestimate_bn(backbone, data.train_x, input_size)
     train_f, test_f = embed(backbone, data.train_x, input_size), embed(backbone, data.test_x, input_size)
     out = {"knn_acc": knn_accuracy(train_f, data.train_y, test_f, data.test_y, data.n_classes)}
     if linear:

@@ -13,7 +13,7 @@ from torch import nn
 
 from fractals.stream import augment_views
 
-from .probe import effective_rank
+from .signals import centred_rank
 
 RANK_PAIRS = 256  # held-out pairs: 512 views, more than any backbone's feature width here (64 / 512)
 RANK_SEED = 0x5A4C  # seed of the held-out views' augmentation, fixed so every epoch sees the same views
@@ -32,13 +32,15 @@ class RankWatch:
 
     @torch.no_grad()
     def measure(self, backbone: nn.Module) -> float:
-        """RankMe of ``backbone``'s eval-mode features on the held-out views; appended to the history."""
+        """RankMe of ``backbone``'s eval-mode features on the held-out views, centred (a random init's
+        uncentred RankMe is already ~5 from the features' mean direction alone); appended to the
+        history."""
         was_training = backbone.training
         backbone.eval()
         dtype = next(backbone.parameters()).dtype
         feats = torch.cat([backbone(chunk.to(dtype)).float() for chunk in self.views.split(256)])
         backbone.train(was_training)
-        rank = effective_rank(feats.cpu())
+        rank = centred_rank(feats.cpu())
         self.history.append(rank)
         return rank
 

@@ -52,6 +52,7 @@ from .methods import METHODS, Method
 from .probe import PROBES, probe
 from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
 from .recipe import PretrainConfig, RunOptions
+from .signals import flat, summary, verdict, weight_drift
 from .sources import SOURCES
 
 # what a resumed run must share with the saved one: the recipe, the method's settings, and the data (the
@@ -59,6 +60,9 @@ from .sources import SOURCES
 RESUME_COMPARE = ("pretrain", "method", "steps_per_epoch", "data")
 _NAN_CHECK_EVERY = 16  # steps between finiteness checks (each one synchronises a GPU)
 _ONE = distributed.Dist()  # a single process
+# the epoch's signals a checkpoint carries beside its drift (``ckpt["signals"]``)
+SIGNAL_KEYS = ("loss", "z_std", "rankme", "rankme_init", "probe_knn_acc", "probe_linear_acc",
+               "probe_init_knn_acc")
 # Tests only: train in float64, where 1 and N processes agree to ~1e-12. In float32 SimSiam's early-layer
 # gradients at initialisation carry ~2% rounding noise (float32 vs float64), so two summation orders (two
 # processes, or one process with two threads) drift apart by a few per cent over a few steps.
@@ -331,6 +335,9 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     if d.world > 1:
         source.shard(d.rank, d.world)
     method = build_method(cfg, source.n_classes, device)
+    # the initial weights, kept to measure how far each stage moves (issue 38); a resumed run rebuilds
+    # them from the seed before its state replaces them
+    init = {k: v.detach().cpu().clone() for k, v in method.backbone.state_dict().items()}
     if d.world > 1 and method.sync_bn:
         method = distributed.sync_batchnorm(method, device)
     # channels-last on every device: the layout of GPU tensor cores, and ~20% faster ResNet20 steps on CPU
@@ -360,6 +367,8 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
         initial = {}
         if probe_data is not None and ((epoch + 1) % opts.probe_every == 0 or epoch + 1 == cfg.epochs):
             record.update(_probe(method, probe_data, cfg))
+        drift = weight_drift(init, method.backbone.state_dict())
+        record.update(flat(drift))
         if watch is not None:
             record["rankme"] = watch.measure(method.backbone)
             if falling(watch.history) and not falling(watch.history[:-1]) and opts.progress:
@@ -367,15 +376,25 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
                 tqdm.write(f"note: RankMe fell in each of the last {FALL_EPOCHS} epochs ({first:.1f} -> "
                            f"{now:.1f}): the features may be collapsing; training goes on")
         if d.main:
-            _save(run, record, method, optimizer, cfg, config, opts, epoch)
+            _save(run, record, method, optimizer, cfg, config, opts, epoch, drift)
         last = record
         if opts.progress and d.main:
             tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in record.items()}))
+    if d.main and opts.progress:
+        _tell_drift(weight_drift(init, method.backbone.state_dict()))
     return last
 
 
+def _tell_drift(drift: dict) -> None:
+    """The run's last word on its backbone: cosine to init per stage and, if it barely moved, the verdict."""
+    tqdm.write(f"cosine to init (norm ratio) per stage: {summary(drift)}")
+    line = verdict(drift)
+    if line:
+        tqdm.write(f"warning: this checkpoint is {line}")
+
+
 def _save(run: RunDir, record: dict, method: Method, optimizer: torch.optim.Optimizer, cfg: PretrainConfig,
-          config: dict, opts: RunOptions, epoch: int) -> None:
+          config: dict, opts: RunOptions, epoch: int, drift: dict) -> None:
     """The epoch's metrics line, backbone checkpoints and training state, in that order: the state marks
     the epoch done, so it is written last, once everything of the epoch is on disk (a crash before it
     repeats the epoch on --resume). The SyncBatchNorm of a multi-process run has BatchNorm's state_dict
@@ -383,6 +402,8 @@ def _save(run: RunDir, record: dict, method: Method, optimizer: torch.optim.Opti
     run.append_metrics(record)
     ckpt = make_checkpoint(method.backbone, arch=cfg.arch, width=cfg.width, method=cfg.method,
                            source=cfg.source, epoch=epoch + 1, config=config)
+    ckpt["signals"] = {"drift": drift, "init": f"seed {cfg.seed}",
+                       **{k: v for k, v in record.items() if k in SIGNAL_KEYS}}
     save_checkpoint(ckpt, opts.out)
     if opts.keep_every and (epoch + 1) % opts.keep_every == 0:
         save_checkpoint(ckpt, kept_path(opts.out, epoch + 1))

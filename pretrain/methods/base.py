@@ -55,9 +55,22 @@ def feature_std(z: Tensor) -> Tensor:
     """Mean over dimensions of the batch std of the l2-normalised rows of z (B, D).
 
     The collapse signal of SimSiam (Chen & He 2021, §4.1): about 1/sqrt(D) when the outputs spread over the
-    sphere, 0 when they collapse to one point.
+    sphere, 0 when they collapse to one point. Take it before any affine-free BatchNorm: after one, every
+    batch has zero mean and unit variance per dimension, so it reads 1/sqrt(D) whatever the rank of z
+    (issue 38). :func:`split_head` gives that point.
     """
     return F.normalize(z.detach().float(), dim=1).std(dim=0).mean()
+
+
+def split_head(head: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+    """(output before the head's last BatchNorm, the head's output) of a lightly head on x; when the head
+    does not end in a BatchNorm both are its output."""
+    layers = getattr(head, "layers", None)
+    if isinstance(layers, nn.Sequential) and isinstance(layers[-1], nn.modules.batchnorm._BatchNorm):
+        pre = layers[:-1](x)
+        return pre, layers[-1](pre)
+    out = head(x)
+    return out, out
 
 
 class Method(nn.Module):

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from fpsfl.base.settings import setting
 
 from . import METHODS
-from .base import HEADS, IMAGENET_HIDDEN, Method, MethodConfig, feature_std, filled
+from .base import HEADS, IMAGENET_HIDDEN, Method, MethodConfig, feature_std, filled, split_head
 
 _criterion = NegativeCosineSimilarity()
 
@@ -70,9 +70,10 @@ class SimSiam(Method):
 
     def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         # one pass per view, as the SimSiam reference: BatchNorm statistics are per view
-        z1, z2 = (self.projector(self.backbone(v)) for v in views[:2])
+        (pre1, z1), (_, z2) = (split_head(self.projector, self.backbone(v)) for v in views[:2])
         p1, p2 = self.predictor(z1), self.predictor(z2)
-        return simsiam_loss(p1, p2, z1, z2), {"z_std": feature_std(z1)}
+        # z_std before the projector's affine-free BatchNorm, where a collapse shows (issue 38)
+        return simsiam_loss(p1, p2, z1, z2), {"z_std": feature_std(pre1)}
 
     def param_groups(self) -> list[dict]:
         pred = list(self.predictor.parameters())
