@@ -219,6 +219,20 @@ def check_partition(init: str, init_format: str, settings: dict, sha256: str | N
                         f"client samples (the indices' sha256 differ: has the dataset changed?)")
 
 
+def init_warning(init: str, init_format: str = "fpsfl") -> str | None:
+    """One line when ``--init`` is an fpsfl checkpoint whose backbone barely moved from its random init
+    (:func:`pretrain.signals.verdict`, issue 38); None otherwise (random, ImageNet, Places365, torchvision
+    files, and checkpoints that do not record their init)."""
+    if init in ("random", "imagenet") or places365_file(init) or init_format != "fpsfl":
+        return None
+    from pretrain.signals import checkpoint_drift, verdict
+
+    path = init_file(init)
+    drift = checkpoint_drift(load_checkpoint(path))
+    line = verdict(drift) if drift else None
+    return f"--init {init} ({path.name}) is {line}" if line else None
+
+
 def check_init(arch: str, width: float, init: str, init_format: str = "fpsfl") -> None:
     """Everything :func:`initialise` checks (the file exists, loads, matches arch and width tensor by
     tensor), on a throw-away backbone and without touching the global RNG: run before slow data loading."""

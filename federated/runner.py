@@ -24,7 +24,7 @@ from fpsfl.base.rundir import RunDir, RunDirError
 from .algorithms import ALGORITHMS
 from .datasets import DATASETS, ImageData
 from .experiment import FederateConfig, RunOptions
-from .initialisation import check_init, check_partition, init_sha256, pretraining_size
+from .initialisation import check_init, check_partition, init_sha256, init_warning, pretraining_size
 from .local import DivergenceError, make_optimizer
 from .oracle.tracking import Tracker
 from .partitions.report import check_partition_report
@@ -116,6 +116,8 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
     write_partition(rundir.path, cfg, s)
     if opts.progress:
         tqdm.write(f"init: {s.init_report}")
+    if start == 0 and (warning := init_warning(cfg.init, cfg.init_format)):
+        print(f"federate: warning: {warning}", file=sys.stderr)
     if cfg.centralized and type(s.algo) is not ALGORITHMS[cfg.algo]:
         print(f"federate: note: --centralized trains plain SGD on the pooled data; {cfg.algo}'s client and "
               f"server steps do not apply to it", file=sys.stderr)

@@ -44,7 +44,7 @@ from . import distributed
 from .backbones import BackboneError, check_backbone
 from .folder import FolderError
 from .methods import METHODS
-from .recipe import PretrainConfig, RunOptions, default_run_dir
+from .recipe import DEFAULT_RECIPE, RECIPES, PretrainConfig, RunOptions, default_run_dir
 from .sources import SOURCES
 from .train import TrainingError, train
 
@@ -94,10 +94,16 @@ def cmd_train(args: argparse.Namespace) -> None:
     spec = SOURCES[source]
     file, file_method, file_run = file_settings(args.config)
     file_source, file_method_name = file.pop("source", source), file.pop("method", None)
-    method = args.method or (file_method_name if file_source == source else None) or spec.methods[0]
+    # a --config file's missing keys keep the dataclass defaults (what its run had) unless --recipe is given
+    preset = RECIPES[args.recipe or ("official" if args.config else DEFAULT_RECIPE)]
+    applies = preset.method in spec.methods  # the self-supervised sources
+    method = (args.method or (file_method_name if file_source == source else None)
+              or (preset.method if applies else spec.methods[0]))
     if file_source != source or method != (file_method_name or method):  # the file's settings are another's
         file_method = {}
     values = {**file, **settings_from(args, PretrainConfig)}
+    if applies:
+        values.setdefault("init_scale", preset.init_scale)
     if "folder" in spec.groups and not values.get("root"):
         raise UsageError(f"pretrain {args.command} needs --root DIR (an image folder)")
     if "fractal" not in spec.groups:
@@ -141,8 +147,18 @@ def _add_source_command(sub, name: str) -> None:
     unused = tuple(f.name for f in dataclasses.fields(PretrainConfig)
                    if f.metadata.get("group") and f.metadata["group"] not in spec.groups)
     add_settings(p, PretrainConfig, skip=unused)
+    if RECIPES[DEFAULT_RECIPE].method in spec.methods:
+        p.add_argument("--recipe", choices=tuple(RECIPES), default=None,
+                       help="defaults of --method and --init-scale: "
+                            + "; ".join(f"{k}: {r.method}, init x{r.init_scale:g}, {r.text}"
+                                        for k, r in RECIPES.items())
+                            + f" (default: {DEFAULT_RECIPE}; with --config, the file's run's own)")
+    else:
+        p.set_defaults(recipe=None)
+    default = RECIPES[DEFAULT_RECIPE].method
+    default = default if default in spec.methods else spec.methods[0]
     p.add_argument("--method", choices=spec.methods, default=None,
-                   help=f"{' | '.join(spec.methods)} (default: {spec.methods[0]})")
+                   help=f"{' | '.join(spec.methods)} (default: {default}, from --recipe)")
     p.add_argument("--lr", type=float, default=None,
                    help="base learning rate per 256 samples, scaled with the batch (default: the method's; "
                         + ", ".join(f"{m} {METHODS[m].Config().lr}" for m in spec.methods) + ")")

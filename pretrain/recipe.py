@@ -22,6 +22,30 @@ from .methods import METHODS, MethodConfig
 
 
 @dataclass(frozen=True)
+class Recipe:
+    """The defaults ``pretrain --recipe NAME`` gives the self-supervised sources (fps, fractal-simsiam,
+    images) where neither a flag nor a ``--config`` file sets them."""
+
+    method: str
+    init_scale: float
+    text: str
+
+
+RECIPES = {
+    # issue 38 (docs/pretraining.md, "Does it learn?"): at the official init and lr the backbone's weights
+    # do not turn within a few thousand steps (spherical motion dynamics: lr / |w|^2 is tiny until weight
+    # decay has shrunk |w| several-fold, ~25K steps); a 10x smaller init turns them from step 1, and
+    # MoCo-v2's negatives keep the features from collapsing where SimSiam's fell to low rank
+    "short": Recipe("mocov2", 0.1, "MoCo-v2 from a backbone init scaled x0.1: learns within a few thousand "
+                                   "steps (CPU budgets, up to ~1M pairs)"),
+    # andytu28/FPS_Pre-training main_simsiam.py as it runs: SimSiam, He init, lr 0.05, wd 1e-4, cosine
+    "official": Recipe("simsiam", 1.0, "the official FPS code's SimSiam at its He init (App. A.2); its "
+                                       "backbone had not moved after 16K steps (cosine to init 0.9997)"),
+}
+DEFAULT_RECIPE = "short"
+
+
+@dataclass(frozen=True)
 class PretrainConfig:
     source: str = setting("fps", cli=False)  # fps | fractal-single | multilabel | images | supervised
     method: str = setting("simsiam", cli=False)  # §4.2: SimSiam (or MoCo-v2); --method, per source (cli)
@@ -52,6 +76,11 @@ class PretrainConfig:
     n_classes: int = setting(1000, "J, the number of fractal classes (Anderson & Farrell 2022)",
                              flag="--classes", within="[1, inf)", group="multilabel")
     amp: bool = setting(False, "bf16 autocast (use on a GPU)")
+    init_scale: float = setting(1.0, "multiply the backbone's initial conv/linear weights by this factor. "
+                                     "Under BatchNorm the function does not change, but the weights turn "
+                                     "1/scale^2 times faster per step (Wan et al. 2021): what lets a short "
+                                     "schedule move the backbone (docs/pretraining.md, issue 38)",
+                                within="(0, inf)", default_text="from --recipe: 0.1 short, 1 official")
 
     def __post_init__(self) -> None:
         METHODS.lookup(self.method)

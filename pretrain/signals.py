@@ -109,14 +109,25 @@ def centred_rank(features: Tensor, eps: float = 1e-7) -> float:
     return float(torch.exp(-(p * p.log()).sum()))
 
 
-def initial_state(arch: str, width: float, seed: int) -> dict[str, Tensor]:
+@torch.no_grad()
+def scale_weights(model: torch.nn.Module, factor: float) -> None:
+    """Multiply every conv/linear weight (ndim >= 2) of ``model`` by ``factor`` in place: the down-scaled
+    init of ``pretrain --init-scale``. Behind BatchNorm the function is unchanged (up to BatchNorm's eps)."""
+    for name, p in model.named_parameters():
+        if name.endswith("weight") and p.ndim >= 2:
+            p.mul_(factor)
+
+
+def initial_state(arch: str, width: float, seed: int, scale: float = 1.0) -> dict[str, Tensor]:
     """The weights ``pretrain`` starts from for this seed (:func:`pretrain.train.build_method` seeds torch
-    with the run's seed, then builds the backbone first)."""
+    with the run's seed, then builds the backbone first, then scales it by ``--init-scale``)."""
     from .backbones import create_backbone
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return create_backbone(arch, width).state_dict()
+        model = create_backbone(arch, width)
+    scale_weights(model, scale)
+    return model.state_dict()
 
 
 def checkpoint_drift(ckpt: dict) -> dict[str, dict[str, float]] | None:
@@ -126,7 +137,8 @@ def checkpoint_drift(ckpt: dict) -> dict[str, dict[str, float]] | None:
     recorded = (ckpt.get("signals") or {}).get("drift")
     if isinstance(recorded, dict) and recorded:
         return recorded
-    seed = (ckpt.get("config") or {}).get("pretrain", {}).get("seed")
-    if not isinstance(seed, int):
+    recipe = (ckpt.get("config") or {}).get("pretrain", {})
+    seed, scale = recipe.get("seed"), recipe.get("init_scale", 1.0)
+    if not isinstance(seed, int) or not isinstance(scale, int | float):
         return None
-    return weight_drift(initial_state(ckpt["arch"], ckpt["width"], seed), ckpt["backbone"])
+    return weight_drift(initial_state(ckpt["arch"], ckpt["width"], seed, float(scale)), ckpt["backbone"])

@@ -52,7 +52,7 @@ from .methods import METHODS, Method
 from .probe import PROBES, probe
 from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
 from .recipe import PretrainConfig, RunOptions
-from .signals import flat, summary, verdict, weight_drift
+from .signals import flat, scale_weights, summary, verdict, weight_drift
 from .sources import SOURCES
 
 # what a resumed run must share with the saved one: the recipe, the method's settings, and the data (the
@@ -95,6 +95,8 @@ def epoch_seed(seed: int, epoch: int) -> int:
 def build_method(cfg: PretrainConfig, n_classes: int | None, device: torch.device) -> Method:
     torch.manual_seed(cfg.seed)  # the same seed gives the same initial weights (and MoCo bank)
     backbone = create_backbone(cfg.arch, cfg.width)
+    if cfg.init_scale != 1:
+        scale_weights(backbone, cfg.init_scale)
     mcfg = cfg.method_config().resolve(backbone.feature_dim, cfg.size)  # head sizes depend on f and size
     method = METHODS[cfg.method](backbone, mcfg, n_classes)
     return method.to(device)

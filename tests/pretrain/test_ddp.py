@@ -44,7 +44,7 @@ from pretrain.train import FLOAT64_ENV, KILL_ENV
 
 TINY = ["--arch", "resnet20", "--width", "0.25", "--size", "16", "--epochs", "2", "--batch-size", "16",
         "--pairs-per-epoch", "48", "--device", "cpu", "--workers", "0", "--quiet"]
-SIMSIAM = ["fps", *TINY, "--set", "proj_dim=32", "--set", "pred_dim=8"]
+SIMSIAM = ["fps", *TINY, "--method", "simsiam", "--set", "proj_dim=32", "--set", "pred_dim=8"]
 MOCO = ["fps", *TINY, "--method", "mocov2", "--set", "hidden_dim=32", "--set", "bank_size=128"]
 TIMEOUT = 300  # s per launch; one takes ~15 s on a busy 2-core machine
 
@@ -142,7 +142,8 @@ def test_an_image_folder_in_two_processes_follows_one(tmp_path):
             Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(
                 tmp_path / "data" / f"c{c}" / f"{i}.png")
     tiny = [a for a in TINY if a not in ("--pairs-per-epoch", "48")]  # an epoch is the folder's 3 batches
-    args = ["images", "--root", str(tmp_path / "data"), *tiny, "--set", "proj_dim=32", "--set", "pred_dim=8"]
+    args = ["images", "--root", str(tmp_path / "data"), *tiny, "--method", "simsiam", "--set", "proj_dim=32",
+            "--set", "pred_dim=8"]
     runs = [tmp_path / f"i{procs}.ckpt" for procs in (1, 2)]
     for procs, out in zip((1, 2), runs, strict=True):
         done = pretrain(out, args, procs, **{FLOAT64_ENV: "1"})
