@@ -38,7 +38,7 @@ from federated.initialisation import shipped_ready
 from fpsfl.base.cli import COUNT, TEXT, Parser, UsageError, run_main, writable_dir
 from fpsfl.base.rundir import RunDir
 
-SHIPPED_NAME = "fps-resnet20-cpu-524k"  # the shipped weights the demo compares with, when they ship
+SHIPPED_NAME = "fps-mocov2-resnet20-cpu-1m"  # the shipped weights the demo compares with, when they ship
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ Chen et al., ICLR 2023, Table 2 (Federated, Centralised, ΔCL-FL per init), Fig.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -155,19 +154,26 @@ def _agrees(change: float, noise: float, within: str) -> str:
 
 
 def pretraining_line(out: Path) -> str:
-    """The demo's pre-training run in one line: pairs seen, last loss and whether SimSiam collapsed."""
+    """The demo's pre-training run in one line: pairs seen, how far the backbone moved from its init (the
+    verdict when it did not), the label-free signals and the fair digits probe (issue 38)."""
+    from pretrain.signals import summary, unflat, verdict
+
     rows = [json.loads(line) for line in (out / "fps.run" / "metrics.jsonl").read_text().splitlines()]
     config = json.loads((out / "fps.run" / "config.json").read_text())["config"]
-    spread = 1 / math.sqrt(config["method"]["proj_dim"])  # z_std of l2-normalised outputs that spread
-    last = rows[-1]
-    state = "collapsed" if last["z_std"] < 0.1 * spread else "not collapsed"
-    probe = (f" kNN probe on digits (frozen features): {100 * last['probe_knn_acc']:.1f}% after "
-             f"pre-training, {100 * rows[0]['probe_init_knn_acc']:.1f}% at random init."
-             if "probe_knn_acc" in last and "probe_init_knn_acc" in rows[0] else "")
-    return (f"Pre-training (FPS + SimSiam, ResNet20, 32 px): {len(rows)} epochs × "
-            f"{config['pretrain']['pairs_per_epoch']:,} pairs, last epoch's loss {last['loss']:.3f} (−1: the "
-            f"two views agree perfectly), projector-output spread z_std {last['z_std']:.4f} ({state}; about "
-            f"{spread:.3f} while the outputs spread, 0 when SimSiam collapses).{probe}")
+    recipe, last = config["pretrain"], rows[-1]
+    drift = unflat(last)
+    moved = verdict(drift)
+    probe = (f" Fair kNN probe on digits (BatchNorm re-estimated on digits for both): "
+             f"{100 * last['probe_knn_acc']:.1f}% after pre-training, "
+             f"{100 * rows[0]['probe_init_knn_acc']:.1f}% at its random init." if "probe_knn_acc" in last and "probe_init_knn_acc" in rows[0] else "")
+    rank = (f" Centred RankMe on held-out fractal views {rows[0]['rankme_init']:.1f} at init, "
+            f"{last['rankme']:.1f} after." if "rankme" in last and "rankme_init" in rows[0] else "")
+    scale = recipe.get("init_scale", 1)
+    return (f"Pre-training (FPS + {recipe['method']}, ResNet20, 32 px, init x{scale:g}): {len(rows)} epochs × "
+            f"{recipe['pairs_per_epoch']:,} pairs, last epoch's loss {last['loss']:.3f}. "
+            f"Cosine to init (norm ratio) per stage: {summary(drift) if drift else 'not recorded'}"
+            + (f"; **the checkpoint is {moved}**, so the FPS row below measures no pre-training." if moved
+               else ".") + rank + probe)
 
 
 def _schedule(budget) -> str:

@@ -12,8 +12,17 @@ from torch import nn
 
 from pretrain.backbones import create_backbone
 from pretrain.probe import ProbeData, embed, probe, reestimate_bn
-from pretrain.signals import (MOVED_COS, centred_rank, checkpoint_drift, deepest_cos, flat, stage_of, unflat,
-                              verdict, weight_drift)
+from pretrain.signals import (
+    MOVED_COS,
+    centred_rank,
+    checkpoint_drift,
+    deepest_cos,
+    flat,
+    stage_of,
+    unflat,
+    verdict,
+    weight_drift,
+)
 
 
 def _state(seed: int = 0) -> dict:

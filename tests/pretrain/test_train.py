@@ -159,7 +159,8 @@ def _cli(args, capsys):
 
 
 TINY_ARGS = ["--arch", "resnet20", "--width", "0.25", "--size", "16", "--epochs", "1", "--batch-size", "8",
-             "--device", "cpu", "--quiet", "--method", "simsiam", "--set", "proj_dim=32", "--set", "pred_dim=8"]
+             "--device", "cpu", "--quiet", "--method", "simsiam", "--set", "proj_dim=32", "--set",
+             "pred_dim=8"]
 
 
 def test_cli_writes_checkpoint_and_run_dir(tmp_path, capsys):
