@@ -163,14 +163,15 @@ def pretraining_line(out: Path) -> str:
     recipe, last = config["pretrain"], rows[-1]
     drift = unflat(last)
     moved = verdict(drift)
+    probed = "probe_knn_acc" in last and "probe_init_knn_acc" in rows[0]
     probe = (f" Fair kNN probe on digits (BatchNorm re-estimated on digits for both): "
              f"{100 * last['probe_knn_acc']:.1f}% after pre-training, "
-             f"{100 * rows[0]['probe_init_knn_acc']:.1f}% at its random init." if "probe_knn_acc" in last and "probe_init_knn_acc" in rows[0] else "")
+             f"{100 * rows[0]['probe_init_knn_acc']:.1f}% at its random init." if probed else "")
     rank = (f" Centred RankMe on held-out fractal views {rows[0]['rankme_init']:.1f} at init, "
             f"{last['rankme']:.1f} after." if "rankme" in last and "rankme_init" in rows[0] else "")
     scale = recipe.get("init_scale", 1)
-    return (f"Pre-training (FPS + {recipe['method']}, ResNet20, 32 px, init x{scale:g}): {len(rows)} epochs × "
-            f"{recipe['pairs_per_epoch']:,} pairs, last epoch's loss {last['loss']:.3f}. "
+    return (f"Pre-training (FPS + {recipe['method']}, ResNet20, 32 px, init x{scale:g}): {len(rows)} "
+            f"epochs × {recipe['pairs_per_epoch']:,} pairs, last epoch's loss {last['loss']:.3f}. "
             f"Cosine to init (norm ratio) per stage: {summary(drift) if drift else 'not recorded'}"
             + (f"; **the checkpoint is {moved}**, so the FPS row below measures no pre-training." if moved
                else ".") + rank + probe)
