@@ -50,6 +50,9 @@ case $SCALE in
     *) echo "SCALE must be paper or smoke, got $SCALE" >&2; exit 2 ;;
 esac
 PT_FRACTAL=(--pairs-per-epoch "$PT_PAIRS" --batch-size "$PT_BATCH")  # with --epochs "$PT_EPOCHS"
+# the self-supervised pre-trainings run as the official FPS code does (He init); PT_RECIPE=short gives
+# pretrain's default for short budgets (init x0.1; docs/pretraining.md, "Does it learn?")
+PT_RECIPE=${PT_RECIPE:-official}
 # where each dataset lies under DATA (recipes/README.md); override any of them
 INAT_IMAGES=${INAT_IMAGES:-$DATA/inat/images}  # train_val_images/ with train2017.json and val2017.json
 INAT_GEO10K=${INAT_GEO10K:-$DATA/inat/inaturalist-geo/federated_train_geo_10k.csv}
@@ -101,7 +104,7 @@ pretrained() {  # pretrained CKPT EPOCHS PRETRAIN-ARGS... -> prints CKPT, made (
 fps_ckpt() {  # fps_ckpt ARCH SIZE [METHOD [WIDTH]] -> FPS checkpoint of that backbone (App. A.2)
     local arch=$1 size=$2 method=${3:-simsiam} width=${4:-1}
     pretrained "$OUT/pretrain/fps-$method-$arch-w$width-$size.ckpt" "$PT_EPOCHS" fps --arch "$arch" \
-        --width "$width" --size "$size" --method "$method" "${PT_FRACTAL[@]}"
+        --width "$width" --size "$size" --method "$method" --recipe "$PT_RECIPE" "${PT_FRACTAL[@]}"
 }
 
 imagenet32_ckpt() {  # imagenet32_ckpt [ARCH [WIDTH]] -> ResNet20 pre-trained on 32 px ImageNet (§4.2, "ImageNet")

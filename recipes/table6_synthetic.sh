@@ -21,12 +21,12 @@ synthetic() {  # synthetic KIND METHOD ARCH SIZE -> the checkpoint of that pre-t
     local kind=$1 method=$2 arch=$3 size=$4 ckpt="$OUT/pretrain/$1-$2-$3-$4.ckpt"
     case $kind in
         fps) fps_ckpt "$arch" "$size" "$method" ;;
-        fractal) pretrained "$ckpt" "$PT_EPOCHS" fractal-simsiam --method "$method" --arch "$arch" --size "$size" \
+        fractal) pretrained "$ckpt" "$PT_EPOCHS" fractal-simsiam --method "$method" --recipe "$PT_RECIPE" --arch "$arch" --size "$size" \
                      "${PT_FRACTAL[@]}" ;;
         multilabel) pretrained "$ckpt" "$PT_EPOCHS" multilabel --classes 1000 --arch "$arch" --size "$size" \
                         "${PT_FRACTAL[@]}" ;;
         stylegan) pretrained "$ckpt" "$FOLDER_EPOCHS" images --root "$STYLEGAN" --method "$method" --arch "$arch" \
-                      --size "$size" --batch-size "$PT_BATCH" ;;
+                      --recipe "$PT_RECIPE" --size "$size" --batch-size "$PT_BATCH" ;;
     esac
 }
 
