@@ -22,6 +22,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 from fpsfl.base.checkpoint import load_checkpoint
 from fpsfl.base.cli import TEXT
 from fpsfl.base.device import resolve_device
@@ -160,7 +162,7 @@ def cmd_budget(args: argparse.Namespace) -> None:
     for p in result["points"]:
         fed = f", FedAvg {_text(p['federated'], 1)}" if p["federated"] else ""
         print(f"{p['pairs']:>10,} pairs: kNN {_text(p['knn_acc'])}%, linear {_text(p['linear_acc'])}%, "
-              f"cos to init {_text(p['deepest_cos'], 1)}, RankMe {_text(p['rankme'], 1)} "
+              f"cos to init {np.mean(p['deepest_cos']):.3f}, RankMe {_text(p['rankme'], 1)} "
               f"(n={len(p['checkpoints'])}){fed}")
     print(f"wrote {out / 'budget.png'} and budget.json")
 
