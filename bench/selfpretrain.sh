@@ -11,7 +11,7 @@
 # comparison: rounds do not depend on the total while the lr has not decayed, 30 rounds), so the script
 # continues where it stopped; a killed run continues with --resume. Random init first, all seeds, then FPS.
 # Usage: bash bench/selfpretrain.sh OUT [SEEDS]   (DATA=folder, SP_ROUNDS=5, FT_ROUNDS=5, DEVICE=cpu, INITS="random
-#   fps-resnet20-cpu-524k": two shells with one init each, on the same OUT, run the two arms side by side)
+#   fps-mocov2-resnet20-cpu-1m": two shells with one init each, on the same OUT, run the two arms side by side)
 set -euo pipefail
 out=${1:?usage: bash bench/selfpretrain.sh OUT [SEEDS]}
 seeds=${2:-0 1 2}
@@ -36,10 +36,10 @@ step() {  # step DONE RUN_DIR COMMAND...: run (or --resume) COMMAND unless DONE 
     echo "$(date +%T) $*" >&2
     "$@" "${resume[@]}"
 }
-fps=$(dirname "$0")/../weights/fps-resnet20-cpu-524k.ckpt
+fps=$(dirname "$0")/../weights/fps-mocov2-resnet20-cpu-1m.ckpt
 step "$out/probe-fps/probe.json" /nonexistent analyze probe "$fps" --dataset imagefolder --data-root "$data" \
     --input-size 32 --device "$device" --out "$out/probe-fps"
-for init in ${INITS:-random fps-resnet20-cpu-524k}; do
+for init in ${INITS:-random fps-mocov2-resnet20-cpu-1m}; do
     for seed in $seeds; do
         name=$init-s$seed
         step "$out/sp-$name.ckpt" "$out/sp-$name.run" federate self-pretrain "${common[@]}" --seed "$seed" \

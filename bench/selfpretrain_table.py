@@ -37,7 +37,7 @@ def main(out: Path, ft: int, total: int) -> None:
         if (out / "probe-fps" / "probe.json").exists() else None
     print(f"{'init':24s} {'probe kNN start -> SP':28s} {'linear start -> SP':28s} "
           f"{f'FedAvg {ft} no SP':18s} {f'SP + FedAvg {ft}':18s} {f'FedAvg {total} no SP':18s}")
-    for init in ("random", "fps-resnet20-cpu-524k"):
+    for init in ("random", "fps-mocov2-resnet20-cpu-1m"):
         seeds = sorted({p.name.rsplit("-s", 1)[1].removesuffix(".run")
                         for p in out.glob(f"sp-{init}-s*.run")})
         knn, lin, knn0, lin0 = [], [], [], []
