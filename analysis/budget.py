@@ -89,9 +89,6 @@ def budget_points(checkpoints: list[str], runs: list[Run], data, device: str, se
             "random_federated": _final_accs([r for r in runs if r.config.init == "random"])}
 
 
-_mean_std = mean_std
-
-
 def _band(ax, base: dict, key: str, color: str, label: str) -> None:
     """The random inits' mean ± std of ``key`` as a horizontal band."""
     m, s = 100 * base[key], 100 * base[f"{key}_std"]
@@ -100,7 +97,7 @@ def _band(ax, base: dict, key: str, color: str, label: str) -> None:
 
 
 def _errorbar(ax, x, points, key, scale, **kw) -> None:
-    stats = [_mean_std([scale * v for v in p[key]]) for p in points]
+    stats = [mean_std([scale * v for v in p[key]]) for p in points]
     ax.errorbar(x, [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3, **kw)
 
 
@@ -130,7 +127,7 @@ def plot_budget(result: dict, path: Path, dataset: str) -> None:
         fx = axes[2]
         _errorbar(fx, x, points, "federated", 1, fmt="-o", label="FedAvg from FPS init")
         if result["random_federated"]:
-            m, s = _mean_std(result["random_federated"])
+            m, s = mean_std(result["random_federated"])
             fx.axhline(m, color="C3", ls=":", label=f"FedAvg from random init ({m:.1f} ± {s:.1f})")
         fx.set(xscale="log", xlabel="FPS pairs seen", ylabel="final test accuracy (%)",
                title="FedAvg, mean ± std over seeds")
@@ -140,7 +137,7 @@ def plot_budget(result: dict, path: Path, dataset: str) -> None:
 
 
 def _text(values: list[float], scale: float = 100) -> str:
-    m, s = _mean_std([scale * v for v in values])
+    m, s = mean_std([scale * v for v in values])
     return f"{m:.1f}" + (f" ± {s:.1f}" if len(values) > 1 else "") if values else "–"
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fpsfl.base.batchnorm import recompute_bn
 from fpsfl.base.images import eval_batch
 
 DIGITS_TEST = 0.2  # share of sklearn's 1,797 digits in the fixed test set
@@ -71,18 +72,12 @@ def reestimate_bn(backbone: nn.Module, images: Tensor, input_size: int, batch_si
     a pre-trained one carries its pre-training data's statistics, and an eval-mode probe credits that
     difference to the features. After this, a backbone whose only change is its BatchNorm statistics
     probes exactly as the random init does."""
-    model = copy.deepcopy(backbone).eval()
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None  # the cumulative average: every batch counts equally, order-free up to rounding
-        m.train()
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    for i in range(0, len(images), batch_size):
-        chunk = images[i:i + batch_size]
-        if len(chunk) > 1:  # BatchNorm cannot take a batch of one in training mode
-            model(eval_batch(chunk.to(device), input_size).to(dtype))
+    model = copy.deepcopy(backbone)
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    # BatchNorm cannot take a batch of one in training mode: a last chunk of one image is left out
+    chunks = (images[i:i + batch_size] for i in range(0, len(images), batch_size))
+    inputs = (eval_batch(c.to(device), input_size).to(dtype) for c in chunks if len(c) > 1)
+    recompute_bn(model, lambda: inputs, bn_only=True)
     return model.eval()
 
 

@@ -30,11 +30,16 @@ def stage_of(name: str) -> str:
     return parts[0]
 
 
+def _is_conv_weight(name: str, value: Tensor) -> bool:
+    """A conv or linear weight (ndim >= 2): the weights BatchNorm makes scale-free."""
+    return name.endswith("weight") and value.ndim >= 2 and value.is_floating_point()
+
+
 def _weights(state: dict[str, Tensor]) -> dict[str, list[Tensor]]:
-    """Conv and linear weights (ndim >= 2: the ones BatchNorm makes scale-free) per stage, in order."""
+    """Conv and linear weights per stage, in order."""
     stages: dict[str, list[Tensor]] = {}
     for name, value in state.items():
-        if name.endswith("weight") and value.ndim >= 2 and value.is_floating_point():
+        if _is_conv_weight(name, value):
             stages.setdefault(stage_of(name), []).append(value.detach().double().flatten().cpu())
     return stages
 
@@ -103,10 +108,10 @@ def centred_rank(features: Tensor, eps: float = 1e-7) -> float:
     """RankMe (Garrido et al., ICML 2023, Eq. 1) of the centred features (N, D): the mean is removed first,
     so a shared offset (ReLU features' large mean direction) does not count as one dimension of the
     spectrum and a batch of identical rows has rank ~1 however large their mean."""
+    from .probe import effective_rank
+
     x = features.double()
-    s = torch.linalg.svdvals(x - x.mean(0, keepdim=True))
-    p = s / s.sum().clamp_min(1e-30) + eps
-    return float(torch.exp(-(p * p.log()).sum()))
+    return effective_rank(x - x.mean(0, keepdim=True), eps)
 
 
 @torch.no_grad()
@@ -114,7 +119,7 @@ def scale_weights(model: torch.nn.Module, factor: float) -> None:
     """Multiply every conv/linear weight (ndim >= 2) of ``model`` by ``factor`` in place: the down-scaled
     init of ``pretrain --init-scale``. Behind BatchNorm the function is unchanged (up to BatchNorm's eps)."""
     for name, p in model.named_parameters():
-        if name.endswith("weight") and p.ndim >= 2:
+        if _is_conv_weight(name, p):
             p.mul_(factor)
 
 

@@ -8,34 +8,12 @@ cumulative average), which removes the statistics mismatch that averaging can ca
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch
 from torch import Tensor, nn
+
+from fpsfl.base.batchnorm import recompute_bn
 
 from ..datasets.stream import chunks
 from .combine import State
-
-_BN = nn.modules.batchnorm._BatchNorm
-
-
-@torch.no_grad()
-def recompute_bn(model: nn.Module, batches: Callable[[], list[Tensor]]) -> None:
-    """Reset every BatchNorm's running statistics and re-estimate them as a plain average over ``batches``
-    (model inputs, already preprocessed), leaving the model in eval mode."""
-    layers = [m for m in model.modules() if isinstance(m, _BN)]
-    if not layers:
-        return
-    saved = [m.momentum for m in layers]
-    for m in layers:
-        m.reset_running_stats()
-        m.momentum = None  # cumulative moving average: every batch counts equally
-    model.train()
-    for inputs in batches():
-        model(inputs)
-    for m, momentum in zip(layers, saved, strict=True):
-        m.momentum = momentum
-    model.eval()
 
 
 class Evaluator:
