@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .report import CL_IGNORED, IGNORED, MISSING, Cell, Entry, _notes, init_label
+from .cells import CL_IGNORED, IGNORED, MISSING, Cell, Entry, init_label, pool_notes
 from .runs import AnalysisError
 
 PAPER_CSV = Path(__file__).with_name("paper_numbers.csv")
@@ -159,7 +159,7 @@ def build_paper(key: str, entries: Sequence[tuple], rows: dict[str, str]) -> Pap
     cells = {k: Cell(v) for k, v in grouped.items()}
     notes = []
     for (row, column), cell in cells.items():
-        notes += _notes(cell, CL_IGNORED if column == "Centralised" else IGNORED, f"{row} / {column}")
+        notes += pool_notes(cell, CL_IGNORED if column == "Centralised" else IGNORED, f"{row} / {column}")
     if extra:
         notes.append(f"rows the paper does not have: {', '.join(extra)} (map an init label to a paper row "
                      f"with --row LABEL=ROW)")

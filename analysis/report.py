@@ -13,55 +13,16 @@ import argparse
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
-
-from federated.partitions import headline, headlines
+from federated.partitions import headline
 from fpsfl.base.cli import TEXT
 from fpsfl.base.files import atomic_write
 
+from . import paper
+from .cells import CL_IGNORED, IGNORED, MISSING, Cell, Entry, init_label, pool_notes
 from .output import OUT_HELP, output_dir, write_json
 from .runs import AnalysisError, Run, load_runs
-
-MISSING = "–"
-# fields that never change what a run measures, so runs differing in them pool as seeds
-IGNORED = frozenset({"seed", "data_root", "download", "save_local_models", "tracking", "eval_local"})
-CL_IGNORED = IGNORED | {"algo", "algo_args", "participation"}  # a centralised run has no federation
-
-
-class Entry(NamedTuple):
-    config: Any  # a FederateConfig, or any object with its attributes
-    acc: float  # final test_acc, a fraction
-    name: str = ""  # the run's name, for the JSON
-
-
-@dataclass
-class Cell:
-    """The runs pooled in one table cell; values in percent."""
-
-    entries: list[Entry]
-
-    @property
-    def values(self) -> list[float]:
-        return [100.0 * e.acc for e in self.entries]
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(self.values))
-
-    @property
-    def std(self) -> float | None:
-        return float(np.std(self.values, ddof=1)) if len(self.values) > 1 else None
-
-    def text(self) -> str:
-        n = len(self.values)
-        return f"{self.mean:.1f}" if n == 1 else f"{self.mean:.1f} ± {self.std:.1f} (n={n})"
-
-    def record(self) -> dict:
-        return {"mean": self.mean, "std": self.std, "n": len(self.values), "values": self.values,
-                "seeds": [e.config.seed for e in self.entries], "runs": [e.name for e in self.entries]}
 
 
 @dataclass
@@ -86,13 +47,6 @@ class Table:
     notes: list[str]
 
 
-def init_label(init: str) -> str:
-    """random, imagenet, places365, or a checkpoint's file stem (``/x/fps.ckpt`` -> ``fps``)."""
-    if init.startswith("places365:"):
-        return "places365"
-    return init if init in ("random", "imagenet") else Path(init).stem
-
-
 def setting_of(cfg: Any, centralised: bool = False) -> tuple[tuple[str, Any], ...]:
     """The setting a run belongs to, as (name, value) pairs; a centralised run has no algo/participation."""
     param = headline(cfg.partition)  # the setting that tells splits apart (only alpha in the paper)
@@ -106,28 +60,6 @@ def setting_of(cfg: Any, centralised: bool = False) -> tuple[tuple[str, Any], ..
 
 def _cl_key(setting: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
     return tuple((k, None if k in ("algo", "participation") else v) for k, v in setting)
-
-
-def _flat(cfg: Any) -> dict[str, Any]:
-    """A config's settings by name, the partition settings among them (FederateConfig keeps those apart)."""
-    values = dict(vars(cfg))
-    partition = values.pop("partition_args", {})
-    return {**values, **partition}
-
-
-def _notes(cell: Cell, ignored: frozenset[str], where: str) -> list[str]:
-    """Warnings about a cell that pools more than seeds: differing settings or repeated seeds."""
-    fields = [_flat(e.config) for e in cell.entries]
-    first = fields[0]
-    moot = set(headlines().values()) - {headline(first["partition"])}  # e.g. alpha for iid
-    ignored = ignored | moot
-    differ = sorted(k for k in first if k not in ignored and any(f.get(k) != first[k] for f in fields))
-    seeds = [e.config.seed for e in cell.entries]
-    notes = [f"{where} pools runs that differ in {', '.join(differ)}"] if differ else []
-    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
-    if repeated:
-        notes.append(f"{where} has several runs with seed {', '.join(map(str, repeated))}")
-    return notes
 
 
 def _init_order(inits: Iterable[str]) -> list[str]:
@@ -157,9 +89,9 @@ def build_tables(entries: Sequence[tuple]) -> list[Table]:
             row = Row(init, label, Cell(fl_cells[init]) if init in fl_cells else None,
                       Cell(cl_cells[init]) if init in cl_cells else None)
             if row.federated:
-                notes += _notes(row.federated, IGNORED, f"{label} / Federated")
+                notes += pool_notes(row.federated, IGNORED, f"{label} / Federated")
             if row.centralised:
-                notes += _notes(row.centralised, CL_IGNORED, f"{label} / Centralised")
+                notes += pool_notes(row.centralised, CL_IGNORED, f"{label} / Centralised")
             rows.append(row)
         tables.append(Table(dict(setting), rows, notes))
     return tables
@@ -217,8 +149,6 @@ def final_entry(run: Run) -> Entry:
 
 
 def run_report(args: argparse.Namespace) -> None:
-    from . import paper  # its tables import this module
-
     runs = load_runs(args.runs)
     out = output_dir(args.out, runs)
     entries = [final_entry(r) for r in runs]

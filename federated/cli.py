@@ -44,11 +44,12 @@ from pretrain.backbones import BackboneError, check_backbone
 from . import flower, runner
 from .datasets import DATASETS, DataError
 from .experiment import FederateConfig, RunOptions
+from .flags import add_partition_flags, partition_settings_classes
 from .flower import FlowerError
 from .initialisation import InitError
 from .local import DivergenceError
 from .oracle.tracking import TrackConfig
-from .partitions import PARTITIONS, PartitionError
+from .partitions import PartitionError
 from .setup import client_class_counts, partitioned
 from .shards import MANIFEST, check_export_dir, export_shards, partition_settings
 
@@ -61,20 +62,6 @@ GROUPS = {  # argparse sections of the generated flags, in order, with their not
                 "the same weights, as FedAvg does.",
     "search": None, "run": None,
 }
-
-
-def partition_settings_classes() -> list[type]:
-    """The Config classes of every registered partition (their fields are the partition flags)."""
-    return [cls.Config for cls in PARTITIONS.values()]
-
-
-def add_partition_flags(parser: argparse.ArgumentParser, groups: dict | None = None) -> None:
-    """One flag per setting of the registered partitions (a setting two partitions share, or one that is a
-    FederateConfig field, is one flag)."""
-    seen = {f.name for f in dataclasses.fields(FederateConfig)}
-    for settings in partition_settings_classes():
-        add_settings(parser, settings, groups=groups, skip=tuple(seen))
-        seen |= {f.name for f in dataclasses.fields(settings)}
 
 
 class FileSettings(NamedTuple):

@@ -26,24 +26,20 @@ may put rank 0 on another node, so every rank checks that it sees rank 0's ``con
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import re
 import signal
 import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from fpsfl.base.checkpoint import atomic_save, make_checkpoint, plain, save_checkpoint
-from fpsfl.base.files import LockedError, clean_stale, lock_file, unlock_file
-from fpsfl.base.rundir import RunDir, RunDirError
+from fpsfl.base.rundir import RunDir
 from fractals.stream import augment_views
 
 from . import distributed
@@ -52,12 +48,10 @@ from .methods import METHODS, Method
 from .probe import PROBES, probe
 from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
 from .recipe import PretrainConfig, RunOptions
+from .session import check_shared, lock_run, start_run
 from .signals import flat, scale_weights, summary, verdict, weight_drift
 from .sources import SOURCES
 
-# what a resumed run must share with the saved one: the recipe, the method's settings, and the data (the
-# bank's or image list's hash, the steps an epoch) that the same paths may no longer hold
-RESUME_COMPARE = ("pretrain", "method", "steps_per_epoch", "data")
 _NAN_CHECK_EVERY = 16  # steps between finiteness checks (each one synchronises a GPU)
 _ONE = distributed.Dist()  # a single process
 # the epoch's signals a checkpoint carries beside its drift (``ckpt["signals"]``)
@@ -243,7 +237,7 @@ def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
     mode = opts.resume or ("auto" if distributed.under_torchrun() else "no")
     try:
         with ExitStack() as stack:  # rank 0 holds the run directory's session until the run ends
-            resume = distributed.from_main(d, lambda: _lock_run(run, mode, opts, stack))
+            resume = distributed.from_main(d, lambda: lock_run(run, mode, opts, stack))
             return _train(cfg, opts, d, device, workers, run, resume)
     finally:
         distributed.shutdown()
@@ -263,69 +257,6 @@ def check_world(cfg: PretrainConfig, d: distributed.Dist) -> None:
                    f"the {d.world} processes; make it a multiple of {d.world}")
     if problem:
         raise distributed.fail(d, ValueError(problem), 2)
-
-
-def _lock_run(run: RunDir, mode: str, opts: RunOptions, stack: ExitStack) -> bool:
-    """Rank 0, before anything is built: decide whether the run resumes (``--resume auto``: if the run
-    directory holds a run), hold --out's lock and refuse an existing --out for a new run, hold the run
-    directory's lock."""
-    resume = (run.has_state() or run.config_path.is_file()) if mode == "auto" else mode == "yes"
-    for locked in (False, True):  # checked before the lock too, so that a refusal touches no file
-        if locked:
-            _lock_out(Path(opts.out), stack)
-        if not resume and Path(opts.out).exists():
-            held = (f"{run.path} holds no training state" if mode == "auto" else
-                    "pass --resume to continue its run")
-            raise RunDirError(f"--out {opts.out} already exists and is not overwritten; {held}, or choose "
-                              f"another --out")
-    stack.enter_context(run.session(resume))
-    return resume
-
-
-# the files --out's lock guards: --out and its --keep-every copies (kept_path)
-def _out_names(out: Path) -> re.Pattern:
-    return re.compile(f"{re.escape(out.name)}|{re.escape(out.stem)}\\.e\\d{{4,}}{re.escape(out.suffix)}")
-
-
-def _lock_out(out: Path, stack: ExitStack) -> None:
-    """Hold ``.NAME.lock`` beside --out for the run's life (removed at its end): two runs with one --out
-    and two run directories would otherwise both find it absent and overwrite each other's checkpoints.
-    Then remove the temporary files killed writers of --out left."""
-    lock = out.with_name(f".{out.name}.lock")
-    try:
-        fd = lock_file(lock, f"--out {out} is being written by process {{holder}}; wait for it to finish or "
-                             f"choose another --out")
-    except LockedError as exc:
-        raise RunDirError(str(exc)) from None
-    except OSError as exc:
-        raise RunDirError(f"cannot write beside --out {out}: {exc.strerror or exc}") from None
-    stack.callback(unlock_file, lock, fd)
-    clean_stale(out.parent, _out_names(out), recursive=False)
-
-
-def _start_run(run: RunDir, resume: bool, opts: RunOptions, config: dict, world: int) -> dict | None:
-    """Rank 0: create the run, or load (and check) the state it resumes from; a run killed before its
-    first state is started again."""
-    if resume and run.has_state():
-        return run.load_state(config, compare=RESUME_COMPARE)
-    if resume:
-        run.start_again(config, compare=RESUME_COMPARE)
-    run.create(config, {**asdict(opts), "world_size": world} if world > 1 else opts)
-    return None
-
-
-def _check_shared(run: RunDir, d: distributed.Dist) -> None:
-    """Every rank must see rank 0's config.json: a torchrun restart may move rank 0 to another node, which
-    then resumes only from storage every node sees. A mismatch is one line on every rank."""
-    if d.world == 1:
-        return
-    path = run.config_path
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else "no file"
-    digests = distributed.gather(d, digest)
-    others = [f"rank {r}: {h}" for r, h in enumerate(digests) if h != digests[0]]
-    if others:
-        raise RunDirError(f"{path} differs between ranks (rank 0: {digests[0]}; {', '.join(others[:3])}); "
-                          f"put --run-dir on storage that every node sees")
 
 
 def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: torch.device, workers: int,
@@ -350,8 +281,8 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     config = {"pretrain": cfg.to_dict(), "method": asdict(method.cfg), "base_lr": base_lr,
               "steps_per_epoch": len(source), "n_classes": source.n_classes,
               "data": source.fingerprint() if d.main else {}}
-    state = distributed.from_main(d, lambda: _start_run(run, resume, opts, config, d.world))
-    _check_shared(run, d)
+    state = distributed.from_main(d, lambda: start_run(run, resume, opts, config, d.world))
+    check_shared(run, d)
     start = restore(state, method, optimizer) if state is not None else 0
     model = distributed.wrap(method, device)
     probe_data = PROBES[opts.probe]() if opts.probe and d.main else None

@@ -102,24 +102,6 @@ def decode_images(paths: list[str], size: int, workers: int | None = None,
     return torch.from_numpy(out)
 
 
-def decode_split(name: str, train: tuple[list[str], list[int]], test: tuple[list[str], list[int]],
-                 classes: list[str], size: int, workers: int | None = None,
-                 clients: list[int] | None = None, stream: bool = False) -> Loaded:
-    """The :class:`Loaded` of a dataset given as (paths, labels) of its train and test images; with
-    ``stream`` the images stay files (:class:`federated.datasets.stream.StreamedImages`), whose headers are
-    checked now so that an unreadable file is named before training."""
-    if stream:
-        from .stream import StreamedImages
-
-        check_headers(train[0] + test[0])
-        images = (StreamedImages.from_paths(train[0], size), StreamedImages.from_paths(test[0], size))
-    else:
-        images = (decode_images(train[0], size, workers, f"{name} train"),
-                  decode_images(test[0], size, workers, f"{name} test"))
-    return Loaded(images[0], _labels(train[1]), images[1], _labels(test[1]), classes,
-                  None if clients is None else _labels(clients))
-
-
 def check_headers(paths: list[str]) -> None:
     """:func:`pretrain.folder.check_headers` as a DataError."""
     try:

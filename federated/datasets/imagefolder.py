@@ -10,8 +10,8 @@ from PIL import Image
 from pretrain.folder import FolderConfig, FolderError, is_image, scan
 
 from . import DataConfig, Preset, register_dataset
-from .decode import DataError, Loaded, _require_dir, decode_split
-from .stream import wants_stream
+from .decode import DataError, Loaded, _require_dir
+from .stream import decode_split, wants_stream
 
 
 def read_imagefolder(root: str, size: int, workers: int | None = None, decode: str = "auto") -> Loaded:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pretrain.folder import walk_images
 
 from . import DataConfig, Preset, register_dataset
-from .decode import DataError, Loaded, _ids, _require_dir, decode_split
-from .stream import wants_stream
+from .decode import DataError, Loaded, _ids, _require_dir
+from .stream import decode_split, wants_stream
 
 INAT_HOLDOUT = 10  # iNat-GEO without a split column: every 10th image of each client is test (10%)
 

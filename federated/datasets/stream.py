@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from pretrain.folder import BatchDecoder, identity
 
-from .decode import DataError, decode_parallel
+from .decode import DataError, Loaded, _labels, check_headers, decode_images, decode_parallel
 
 DECODE_MODES = ("auto", "memory", "stream")
 MEMORY_SHARE = 0.5  # auto streams when the stored images would take more than this share of available memory
@@ -160,3 +160,19 @@ def chunks(x: Tensor | StreamedImages, y: Tensor, batch_size: int) -> Iterator[t
     slices = [slice(start, start + batch_size) for start in range(0, len(x), batch_size)]
     for sl, images in zip(slices, fetch(x, slices), strict=True):
         yield images, y[sl]
+
+
+def decode_split(name: str, train: tuple[list[str], list[int]], test: tuple[list[str], list[int]],
+                 classes: list[str], size: int, workers: int | None = None,
+                 clients: list[int] | None = None, stream: bool = False) -> Loaded:
+    """The :class:`Loaded` of a dataset given as (paths, labels) of its train and test images; with
+    ``stream`` the images stay files (:class:`StreamedImages`), whose headers are
+    checked now so that an unreadable file is named before training."""
+    if stream:
+        check_headers(train[0] + test[0])
+        images = (StreamedImages.from_paths(train[0], size), StreamedImages.from_paths(test[0], size))
+    else:
+        images = (decode_images(train[0], size, workers, f"{name} train"),
+                  decode_images(test[0], size, workers, f"{name} test"))
+    return Loaded(images[0], _labels(train[1]), images[1], _labels(test[1]), classes,
+                  None if clients is None else _labels(clients))

@@ -9,8 +9,8 @@ import os
 from pretrain.folder import is_image
 
 from . import DataConfig, Preset, register_dataset
-from .decode import DataError, Loaded, _require_dir, decode_split
-from .stream import wants_stream
+from .decode import DataError, Loaded, _require_dir
+from .stream import decode_split, wants_stream
 
 
 def read_tinyimagenet(root: str, size: int, workers: int | None = None, decode: str = "auto") -> Loaded:

@@ -26,7 +26,7 @@ from flwr.simulation import run_simulation
 from ..experiment import FederateConfig, RunOptions, flower_resources
 from ..rounds import Dispatch
 from .client_app import app as client_app
-from .server_app import dispatch_for
+from .dispatch import dispatch_for
 
 
 def simulate(cfg: FederateConfig, opts: RunOptions, rounds: Callable[[Dispatch | None], list[dict]],

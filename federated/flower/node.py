@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 
 import torch
-from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fpsfl.base.device import resolve_device
 
@@ -50,7 +50,6 @@ from ..local import DivergenceError
 from ..rounds import RoundPlan, frozen_copy, lr_at, make_job, precision, train_client
 from ..setup import Setup, setup
 from ..shards import Shard, ShardError, check_manifest, load_shard, partition_settings
-from . import ERROR_CODES
 from .phases import Phases
 from .records import (
     EXTRA,
@@ -63,19 +62,12 @@ from .records import (
     state_record,
     tree_names,
 )
+from .refusal import Refused, error_reply
 from .run_config import options_from_run_config
 
 COMMITTED = "fpsfl.client"  # Context.state: {"round": r, "state": ...} of the last aggregated round
 STAGED = "fpsfl.staged."  # + round: what that round's train step produced, until the server confirms it
 _SETUP: dict[str, tuple[Setup, Shard | None]] = {}  # this process's Setup (one: the data load is slow)
-
-
-class Refused(Exception):
-    """A message this node cannot serve; answered with a Flower Error of ``ERROR_CODES[kind]``."""
-
-    def __init__(self, kind: str, reason: str):
-        super().__init__(reason)
-        self.kind, self.reason = kind, reason
 
 
 def train(msg: Message, context: Context, phases: Phases | None = None) -> Message:
@@ -130,11 +122,6 @@ def evaluate(msg: Message, context: Context, phases: Phases | None = None) -> Me
     scalars = {f"eval-{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
     metrics = MetricRecord({"num-examples": len(part), **scalars})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
-
-
-def error_reply(msg: Message, kind: str, reason: str) -> Message:
-    """A Flower Error reply: the server counts the client as missing, with ``reason`` (one line)."""
-    return Message(Error(code=ERROR_CODES[kind], reason=reason), reply_to=msg)
 
 
 def _prepare(config: ConfigRecord, context: Context,

@@ -37,12 +37,12 @@ from ..selfsup.config import SelfPretrainConfig, SelfPretrainOptions
 from ..selfsup.runner import data_config, run
 from ..shards import check_manifest, partition_settings
 from . import FlowerError, require_flower
+from .dispatch import FlowerDispatch
 from .nodes import NodeBook, node_names
 from .records import read_update, state_record
 from .replies import error_kind
 from .run_config import options_from_run_config
 from .selfsup_node import SPEC
-from .server_app import FlowerDispatch
 
 ACTION = "train.selfpretrain"  # the message type: the ClientApp's @app.train("selfpretrain")
 # run config keys that are self-pre-training's (the rest are federate's data, partition and run keys)

@@ -33,9 +33,9 @@ from ..selfsup import FED_SSL
 from ..selfsup.config import SelfPretrainConfig
 from ..setup import partitioned
 from ..shards import ShardError, check_manifest, load_shard, partition_settings
-from .node import Refused, error_reply
 from .phases import Phases
 from .records import EXTRA, is_packed, put_tree, read_state, state_record
+from .refusal import Refused, error_reply
 
 SPEC = "fpsfl-self-pretrain"  # the config key holding the run's settings
 _DATA: dict[str, tuple] = {}  # this process's dataset and partition (one: the data load is slow)

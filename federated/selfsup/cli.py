@@ -31,9 +31,9 @@ from fpsfl.base.cli import (
 )
 from pretrain.backbones import check_backbone
 
-from ..cli import add_partition_flags, partition_settings_classes
 from ..datasets import DATASETS
 from ..experiment import FederateConfig
+from ..flags import add_partition_flags, partition_settings_classes
 from . import FED_SSL
 from .config import DATA_FIELDS, SelfPretrainConfig, SelfPretrainOptions
 from .runner import run

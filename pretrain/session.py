@@ -1,0 +1,85 @@
+"""A pre-training run's hold on its files (Chen et al., ICLR 2023, Appendix A.2 runs, made safe to resume):
+whether it resumes, the locks on --out and the run directory, its start or the state it continues from, and
+the check that every torchrun rank sees the same run directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from contextlib import ExitStack
+from dataclasses import asdict
+from pathlib import Path
+
+from fpsfl.base.files import LockedError, clean_stale, lock_file, unlock_file
+from fpsfl.base.rundir import RunDir, RunDirError
+
+from . import distributed
+from .recipe import RunOptions
+
+# what a resumed run must share with the saved one: the recipe, the method's settings, and the data (the
+# bank's or image list's hash, the steps an epoch) that the same paths may no longer hold
+RESUME_COMPARE = ("pretrain", "method", "steps_per_epoch", "data")
+
+
+def lock_run(run: RunDir, mode: str, opts: RunOptions, stack: ExitStack) -> bool:
+    """Rank 0, before anything is built: decide whether the run resumes (``--resume auto``: if the run
+    directory holds a run), hold --out's lock and refuse an existing --out for a new run, hold the run
+    directory's lock."""
+    resume = (run.has_state() or run.config_path.is_file()) if mode == "auto" else mode == "yes"
+    for locked in (False, True):  # checked before the lock too, so that a refusal touches no file
+        if locked:
+            lock_out(Path(opts.out), stack)
+        if not resume and Path(opts.out).exists():
+            held = (f"{run.path} holds no training state" if mode == "auto" else
+                    "pass --resume to continue its run")
+            raise RunDirError(f"--out {opts.out} already exists and is not overwritten; {held}, or choose "
+                              f"another --out")
+    stack.enter_context(run.session(resume))
+    return resume
+
+
+# the files --out's lock guards: --out and its --keep-every copies (kept_path)
+def out_names(out: Path) -> re.Pattern:
+    return re.compile(f"{re.escape(out.name)}|{re.escape(out.stem)}\\.e\\d{{4,}}{re.escape(out.suffix)}")
+
+
+def lock_out(out: Path, stack: ExitStack) -> None:
+    """Hold ``.NAME.lock`` beside --out for the run's life (removed at its end): two runs with one --out
+    and two run directories would otherwise both find it absent and overwrite each other's checkpoints.
+    Then remove the temporary files killed writers of --out left."""
+    lock = out.with_name(f".{out.name}.lock")
+    try:
+        fd = lock_file(lock, f"--out {out} is being written by process {{holder}}; wait for it to finish or "
+                             f"choose another --out")
+    except LockedError as exc:
+        raise RunDirError(str(exc)) from None
+    except OSError as exc:
+        raise RunDirError(f"cannot write beside --out {out}: {exc.strerror or exc}") from None
+    stack.callback(unlock_file, lock, fd)
+    clean_stale(out.parent, out_names(out), recursive=False)
+
+
+def start_run(run: RunDir, resume: bool, opts: RunOptions, config: dict, world: int) -> dict | None:
+    """Rank 0: create the run, or load (and check) the state it resumes from; a run killed before its
+    first state is started again."""
+    if resume and run.has_state():
+        return run.load_state(config, compare=RESUME_COMPARE)
+    if resume:
+        run.start_again(config, compare=RESUME_COMPARE)
+    run.create(config, {**asdict(opts), "world_size": world} if world > 1 else opts)
+    return None
+
+
+def check_shared(run: RunDir, d: distributed.Dist) -> None:
+    """Every rank must see rank 0's config.json: a torchrun restart may move rank 0 to another node, which
+    then resumes only from storage every node sees. A mismatch is one line on every rank."""
+    if d.world == 1:
+        return
+    path = run.config_path
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else "no file"
+    digests = distributed.gather(d, digest)
+    others = [f"rank {r}: {h}" for r, h in enumerate(digests) if h != digests[0]]
+    if others:
+        raise RunDirError(f"{path} differs between ranks (rank 0: {digests[0]}; {', '.join(others[:3])}); "
+                          f"put --run-dir on storage that every node sees")
