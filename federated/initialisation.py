@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -174,15 +175,7 @@ def init_file(init: str) -> Path | None:
     return path
 
 
-def init_sha256(init: str) -> str | None:
-    """The SHA-256 of the --init file (recorded in config.json so that --resume need not compare paths);
-    None for random, imagenet or a file that is no longer there."""
-    try:
-        path = init_file(init)
-    except InitError:
-        return None
-    if path is None:
-        return None
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -190,74 +183,136 @@ def init_sha256(init: str) -> str | None:
     return digest.hexdigest()
 
 
-def pretraining_size(init: str, init_format: str = "fpsfl") -> int | None:
+def init_sha256(init: str) -> str | None:
+    """The SHA-256 of the --init file (recorded in config.json so that --resume need not compare paths);
+    None for random, imagenet or a file that is no longer there."""
+    try:
+        path = init_file(init)
+    except InitError:
+        return None
+    return None if path is None else file_sha256(path)
+
+
+@dataclass(frozen=True)
+class InitSource:
+    """``--init`` resolved once (issue 39): what it names, its file and digest, and what the file holds,
+    read from disk a single time and handed to every check and to :func:`initialise`.
+
+    ``kind`` is random, imagenet, places365, torchvision (a plain state dict) or fpsfl (a ``pretrain`` or
+    ``federate self-pretrain`` checkpoint); ``state`` the backbone tensors of the first four (None for
+    random), ``checkpoint`` the fpsfl record."""
+
+    spec: str
+    kind: str
+    path: Path | None = None
+    sha256: str | None = None
+    state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    checkpoint: dict | None = field(default=None, repr=False)
+
+
+def resolve_init(init: str, init_format: str = "fpsfl", arch: str | None = None) -> InitSource:
+    """Open ``--init`` once; InitError (one line) for a file that is absent or not what it claims. ``arch``
+    picks ImageNet's file (without it ``imagenet`` is resolved when loaded)."""
+    if isinstance(init, InitSource):
+        return init
+    if init == "random":
+        return InitSource(init, "random")
+    if init == "imagenet":
+        if arch is None:
+            return InitSource(init, "imagenet")
+        path = imagenet_path(arch)
+        return InitSource(init, "imagenet", path, file_sha256(path), _plain_state(path))
+    path = init_file(init)
+    if places365_file(init):
+        return InitSource(init, "places365", path, file_sha256(path), places365_state(path))
+    if init_format == "torchvision":
+        return InitSource(init, "torchvision", path, file_sha256(path), _plain_state(path))
+    return InitSource(init, "fpsfl", path, file_sha256(path), checkpoint=load_checkpoint(path))
+
+
+def pretraining_size(init: str | InitSource, init_format: str = "fpsfl") -> int | None:
     """The input side a ``pretrain`` checkpoint was pre-trained at (its config's ``pretrain.size``), or None
     for random, imagenet, a plain state dict, or a checkpoint that does not say."""
-    if init_format != "fpsfl" or init in ("random", "imagenet") or places365_file(init):
+    if _not_fpsfl(init, init_format):
         return None
-    size = load_checkpoint(init_file(init))["config"].get("pretrain", {}).get("size")
+    source = resolve_init(init, init_format)
+    size = source.checkpoint["config"].get("pretrain", {}).get("size")
     return int(size) if isinstance(size, int) else None
 
 
-def check_partition(init: str, init_format: str, settings: dict, sha256: str | None = None) -> None:
+def _not_fpsfl(init: str | InitSource, init_format: str) -> bool:
+    """Whether ``init`` is anything but an fpsfl checkpoint, decided without opening a file."""
+    if isinstance(init, InitSource):
+        return init.kind != "fpsfl"
+    return init_format != "fpsfl" or init in ("random", "imagenet") or places365_file(init) is not None
+
+
+def check_partition(init: str | InitSource, init_format: str, settings: dict,
+                    sha256: str | None = None) -> None:
     """Refuse (one line) an ``--init`` checkpoint of federated self-pre-training (``federate self-pretrain``,
     Chen et al. §5) that saw another partition of the clients' data than this run's: other ``settings``
     (:func:`federated.shards.partition_settings`), or, given ``sha256``, other client sample indices
     (:func:`federated.partitions.indices_sha256`). Checkpoints that record no partition pass."""
-    if init_format != "fpsfl" or init in ("random", "imagenet") or places365_file(init):
+    if _not_fpsfl(init, init_format):
         return
-    record = load_checkpoint(init_file(init))["config"].get("partition")
+    source = resolve_init(init, init_format)
+    record = source.checkpoint["config"].get("partition")
     if not isinstance(record, dict):
         return
     theirs = record.get("settings", {})
     changed = sorted(k for k in settings.keys() | theirs.keys() if settings.get(k) != theirs.get(k))
     if changed:
         diffs = ", ".join(f"{k} {theirs.get(k)!r} (this run: {settings.get(k)!r})" for k in changed)
-        raise InitError(f"--init {init} was self-pre-trained on another partition of the clients' data: "
-                        f"{diffs}; give federate the data and partition flags (and --seed) of that run")
+        raise InitError(f"--init {source.spec} was self-pre-trained on another partition of the clients' "
+                        f"data: {diffs}; give federate the data and partition flags (and --seed) of that run")
     if sha256 is not None and record.get("indices_sha256") not in (None, sha256):
-        raise InitError(f"--init {init} was self-pre-trained with these partition settings but on other "
-                        f"client samples (the indices' sha256 differ: has the dataset changed?)")
+        raise InitError(f"--init {source.spec} was self-pre-trained with these partition settings but on "
+                        f"other client samples (the indices' sha256 differ: has the dataset changed?)")
 
 
-def init_warning(init: str, init_format: str = "fpsfl") -> str | None:
+def init_warning(init: str | InitSource, init_format: str = "fpsfl") -> str | None:
     """One line when ``--init`` is an fpsfl checkpoint whose backbone barely moved from its random init
     (:func:`pretrain.signals.verdict`, issue 38); None otherwise (random, ImageNet, Places365, torchvision
     files, and checkpoints that do not record their init)."""
-    if init in ("random", "imagenet") or places365_file(init) or init_format != "fpsfl":
+    if _not_fpsfl(init, init_format):
         return None
     from pretrain.signals import checkpoint_drift, verdict
 
-    path = init_file(init)
-    drift = checkpoint_drift(load_checkpoint(path))
+    source = resolve_init(init, init_format)
+    drift = checkpoint_drift(source.checkpoint)
     line = verdict(drift) if drift else None
-    return f"--init {init} ({path.name}) is {line}" if line else None
+    return f"--init {source.spec} ({source.path.name}) is {line}" if line else None
 
 
-def check_init(arch: str, width: float, init: str, init_format: str = "fpsfl") -> None:
+def check_init(arch: str, width: float, init: str | InitSource, init_format: str = "fpsfl") -> None:
     """Everything :func:`initialise` checks (the file exists, loads, matches arch and width tensor by
     tensor), on a throw-away backbone and without touching the global RNG: run before slow data loading."""
-    if init == "random":
+    if init == "random" or getattr(init, "kind", None) == "random":
         return
     with torch.random.fork_rng(devices=[]):
         initialise(create_backbone(arch, width), arch, width, init, init_format)
 
 
-def initialise(backbone: nn.Module, arch: str, width: float, init: str, init_format: str = "fpsfl") -> str:
-    """Load ``init`` into ``backbone``; returns a one-line description of what was loaded."""
-    if init == "random":
+def initialise(backbone: nn.Module, arch: str, width: float, init: str | InitSource,
+               init_format: str = "fpsfl") -> str:
+    """Load ``init`` (a spec, opened now, or an :class:`InitSource` already read) into ``backbone``;
+    returns a one-line description of what was loaded."""
+    source = resolve_init(init, init_format, arch)
+    if source.kind == "imagenet" and source.state is None:
+        source = resolve_init(source.spec, init_format, arch)
+    path = source.path
+    if source.kind == "random":
         return "random initialisation"
-    if init == "imagenet":
-        names = load_plain(backbone, imagenet_path(arch), arch)
+    if source.kind == "imagenet":
+        names = load_plain(backbone, path, arch, source.state)
         return f"ImageNet weights (torchvision): {len(names)} backbone tensors loaded"
-    path = init_file(init)
-    if places365_file(init):
-        names = load_plain(backbone, path, arch, places365_state(path))
+    if source.kind == "places365":
+        names = load_plain(backbone, path, arch, source.state)
         return f"Places365 ResNet18 ({path}): {len(names)} backbone tensors loaded"
-    if init_format == "torchvision":
-        names = load_plain(backbone, path, arch)
+    if source.kind == "torchvision":
+        names = load_plain(backbone, path, arch, source.state)
         return f"{path} (torchvision state dict): {len(names)} backbone tensors loaded"
-    ckpt = load_checkpoint(path)
+    ckpt = source.checkpoint
     if ckpt["arch"] != arch or abs(ckpt["width"] - width) > 1e-9:
         raise CheckpointError(f"{path} holds a {ckpt['arch']} (width {ckpt['width']:g}) backbone, but the "
                               f"run uses --arch {arch} (width {width:g})")

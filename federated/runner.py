@@ -24,7 +24,15 @@ from fpsfl.base.rundir import RunDir, RunDirError
 from .algorithms import ALGORITHMS
 from .datasets import DATASETS, ImageData
 from .experiment import FederateConfig, RunOptions
-from .initialisation import check_init, check_partition, init_sha256, init_warning, pretraining_size
+from .initialisation import (
+    InitSource,
+    check_init,
+    check_partition,
+    init_sha256,
+    init_warning,
+    pretraining_size,
+    resolve_init,
+)
 from .local import DivergenceError, make_optimizer
 from .oracle.tracking import Tracker
 from .partitions.report import check_partition_report
@@ -58,26 +66,28 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
         resume = opts.resume and rundir.has_state()  # else a --resume starts a run killed before its state
         if opts.resume:
             cfg = _as_started(cfg, rundir)
+        source = None  # --init, opened once here and passed down (a resumed run's model is in state.pt)
         if resume:
             _check_engine(rundir, opts.engine, cfg.algo)
         else:
-            check_init(cfg.arch, cfg.width, cfg.init, cfg.init_format)  # a bad --init fails before the data
-            check_partition(cfg.init, cfg.init_format, partition_settings(cfg))
-            cfg, size_note = _input_size(cfg)
+            source = resolve_init(cfg.init, cfg.init_format, cfg.arch)
+            check_init(cfg.arch, cfg.width, source)  # a bad --init fails before the data
+            check_partition(source, cfg.init_format, partition_settings(cfg))
+            cfg, size_note = _input_size(cfg, source)
             if size_note and opts.progress:
                 tqdm.write(size_note)
-        s = setup(cfg, device, data, load_init=not resume)  # a resumed run's model is in state.pt
+        s = setup(cfg, device, data, load_init=not resume, init=source)
         if host is not None:
-            return host(cfg, lambda dispatch: _rounds(s, cfg, opts, rundir, device, dispatch))
-        return _rounds(s, cfg, opts, rundir, device)
+            return host(cfg, lambda dispatch: _rounds(s, cfg, opts, rundir, device, dispatch, source))
+        return _rounds(s, cfg, opts, rundir, device, source=source)
 
 
-def _input_size(cfg: FederateConfig) -> tuple[FederateConfig, str]:
+def _input_size(cfg: FederateConfig, source: InitSource) -> tuple[FederateConfig, str]:
     """Without --input-size, a classification run from a pretrain checkpoint sees the size the checkpoint
     was pre-trained at (a 32 px checkpoint on a folder of 32 px images trained at 224 px, 49x the work)."""
     if cfg.input_size is not None or DATASETS[cfg.dataset].task != "classification":
         return cfg, ""
-    size = pretraining_size(cfg.init, cfg.init_format)
+    size = pretraining_size(source)
     if size is None:
         return cfg, ""
     return (dataclasses.replace(cfg, input_size=size),
@@ -94,9 +104,10 @@ def _as_started(cfg: FederateConfig, rundir: RunDir) -> FederateConfig:
 
 
 def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, device: torch.device,
-            dispatch: Dispatch | None = None) -> list[dict]:
-    config = {"federate": cfg.to_dict(), "algo": plain(vars(s.algo.cfg)),
-              "init_sha256": init_sha256(cfg.init), "engine": opts.engine}
+            dispatch: Dispatch | None = None, source: InitSource | None = None) -> list[dict]:
+    digest = source.sha256 if source is not None else init_sha256(cfg.init)  # resumed: the file may be gone
+    config = {"federate": cfg.to_dict(), "algo": plain(vars(s.algo.cfg)), "init_sha256": digest,
+              "engine": opts.engine}
     optimizer = make_optimizer(s.model, cfg.resolved_optimizer(), cfg.resolved_lr(), cfg.momentum,
                                cfg.weight_decay)
     if rundir.has_state():  # (a --resume: a new run refuses a directory with a state)
@@ -116,7 +127,7 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
     write_partition(rundir.path, cfg, s)
     if opts.progress:
         tqdm.write(f"init: {s.init_report}")
-    if start == 0 and (warning := init_warning(cfg.init, cfg.init_format)):
+    if start == 0 and (warning := init_warning(source or cfg.init, cfg.init_format)):
         print(f"federate: warning: {warning}", file=sys.stderr)
     if cfg.centralized and type(s.algo) is not ALGORITHMS[cfg.algo]:
         print(f"federate: note: --centralized trains plain SGD on the pooled data; {cfg.algo}'s client and "

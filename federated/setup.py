@@ -16,7 +16,7 @@ from pretrain.backbones import create_backbone
 from .algorithms import ALGORITHMS, FedAvg
 from .datasets import DataConfig, ImageData, load_dataset
 from .experiment import FederateConfig
-from .initialisation import check_partition, initialise
+from .initialisation import InitSource, check_partition, initialise, resolve_init
 from .partitions import indices_sha256, partition, write_partition_report
 from .shards import Shard, partition_settings
 from .tasks import TASKS, Task
@@ -34,7 +34,7 @@ class Setup:
 
 
 def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = None,
-          load_init: bool = True, shard: Shard | None = None) -> Setup:
+          load_init: bool = True, shard: Shard | None = None, init: InitSource | None = None) -> Setup:
     """Data (loaded unless given), partition, task, model (initialised from ``cfg.init`` if
     ``load_init``) and algorithm, on ``device``. With ``shard`` (a Flower node's own data,
     :mod:`federated.shards`) the data is the shard, its client's partition the whole of it, and the other
@@ -49,7 +49,8 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
         parts = [torch.zeros(0, dtype=torch.long) for _ in sizes]
         parts[shard.client] = torch.arange(len(data.train_y))
     if load_init:  # a self-pre-trained --init must have seen these clients' data (a node: its settings)
-        check_partition(cfg.init, cfg.init_format, partition_settings(cfg),
+        init = init or resolve_init(cfg.init, cfg.init_format, cfg.arch)  # the runner passes its own
+        check_partition(init, cfg.init_format, partition_settings(cfg),
                         indices_sha256(parts) if shard is None else None)
     # the CL baseline trains plain SGD on the pooled data: client and server steps have no meaning there
     algo_cls = FedAvg if cfg.centralized else ALGORITHMS[cfg.algo]
@@ -59,7 +60,7 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
                          f"does not provide; choose another algorithm")
     torch.manual_seed(cfg.seed)
     backbone = create_backbone(cfg.arch, cfg.width)
-    report = (initialise(backbone, cfg.arch, cfg.width, cfg.init, cfg.init_format) if load_init
+    report = (initialise(backbone, cfg.arch, cfg.width, init) if load_init
               else f"resumed from the run's state ({cfg.init} at the start)")
     model = task.build_model(backbone)
     algo_cfg = FedAvg.Config() if cfg.centralized else cfg.algo_config()

@@ -25,7 +25,7 @@ from pretrain.backbones import create_backbone
 
 from ..datasets import ImageData
 from ..experiment import FederateConfig
-from ..initialisation import check_init, init_sha256, initialise
+from ..initialisation import check_init, init_sha256, initialise, resolve_init
 from ..local import DivergenceError
 from ..partitions import indices_sha256, write_partition_report
 from ..setup import partitioned
@@ -53,8 +53,9 @@ def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, 
     method = FED_SSL[sp.algo](sp.method_config(fed.preset()))
     rundir = RunDir(opts.run_dir)
     with rundir.session(opts.resume):
-        if not opts.resume:
-            check_init(fed.arch, fed.width, fed.init, fed.init_format)  # before the (slow) data loading
+        source = None if opts.resume else resolve_init(fed.init, fed.init_format, fed.arch)  # opened once
+        if source is not None:
+            check_init(fed.arch, fed.width, source)  # before the (slow) data loading
         data, _, parts = partitioned(fed, data)
         if data.task != "classification" or data.train_x.shape[1] != data.train_x.shape[2]:
             raise ValueError(f"self-pretrain needs a dataset of square images (classification); "
@@ -64,11 +65,12 @@ def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, 
         parts = [torch.as_tensor(p, dtype=torch.long) for p in parts]
         torch.manual_seed(fed.seed)
         backbone = create_backbone(fed.arch, fed.width)
-        report = (initialise(backbone, fed.arch, fed.width, fed.init, fed.init_format) if not opts.resume
+        report = (initialise(backbone, fed.arch, fed.width, source) if source is not None
                   else f"resumed from the run's state ({fed.init} at the start)")
         model = method.build(backbone, size).to(device, memory_format=torch.channels_last)
         config = {"self_pretrain": sp.to_dict(), "method": plain(vars(method.cfg)),
-                  "federate": data_config(fed), "input_size": size, "init_sha256": init_sha256(fed.init),
+                  "federate": data_config(fed), "input_size": size,
+                  "init_sha256": source.sha256 if source is not None else init_sha256(fed.init),
                   "partition": {"settings": partition_settings(fed), "indices_sha256": indices_sha256(
                       [p.numpy() for p in parts]), "sizes": [len(p) for p in parts]}}
         if opts.resume:

@@ -167,3 +167,22 @@ def test_a_checkpoint_sets_the_input_size_it_was_pre_trained_at(tmp_path, capsys
     assert _cli(argv, capsys)[0] == 0
     assert json.loads((tmp_path / "e" / "config.json").read_text())["config"]["federate"]["input_size"] == 32
 
+
+
+def test_init_is_opened_once_per_run(tmp_path, capsys, monkeypatch):
+    """--init resolved once (issue 39): one read of the checkpoint a run, however many checks use it (the
+    arch and width check, the partition check, the input size, the verdict, the loading itself)."""
+    from federated import initialisation
+
+    net = create_backbone("resnet20", 0.25)
+    save_checkpoint(make_checkpoint(net, arch="resnet20", width=0.25, method="simsiam", source="fps", epoch=1,
+                                    config={"pretrain": {"size": 16}}), tmp_path / "c.ckpt")
+    opened = []
+    real = initialisation.load_checkpoint
+    monkeypatch.setattr(initialisation, "load_checkpoint", lambda path: opened.append(path) or real(path))
+    argv = ["--out", tmp_path / "r", *TINY, "--init", tmp_path / "c.ckpt", "--rounds", "1"]
+    code, _, err = _cli(argv, capsys)
+    assert code == 0, err
+    assert opened == [tmp_path / "c.ckpt"]
+    record = json.loads((tmp_path / "r" / "config.json").read_text())["config"]
+    assert record["init_sha256"] == initialisation.file_sha256(tmp_path / "c.ckpt")
