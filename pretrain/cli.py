@@ -48,9 +48,9 @@ from .recipe import DEFAULT_RECIPE, RECIPES, PretrainConfig, RunOptions, default
 from .sources import SOURCES
 from .train import TrainingError, train
 
-ALIASES = {"fractal-simsiam": "fractal-single"}  # the CLI name of the "fractal + SimSiam" baseline
-COMMANDS = {source: name for name, source in ALIASES.items()}  # a source's subcommand
-_FRACTAL = ("fps", "fractal-single", "multilabel")
+# each source's subcommand, and back (fractal-single is fractal-simsiam: the paper's "fractal + SimSiam")
+COMMANDS = {name: spec.cli_name for name, spec in SOURCES.items()}
+ALIASES = {command: name for name, command in COMMANDS.items() if command != name}
 
 
 def _method_args(pairs: list[str], lr: float | None) -> dict[str, str]:
@@ -106,11 +106,11 @@ def cmd_train(args: argparse.Namespace) -> None:
         values.setdefault("init_scale", preset.init_scale)
     if "folder" in spec.groups and not values.get("root"):
         raise UsageError(f"pretrain {args.command} needs --root DIR (an image folder)")
-    if "fractal" not in spec.groups:
+    if not spec.rendered:
         values["pairs_per_epoch"] = 1  # an epoch is one pass over the folder
     cfg = PretrainConfig(source=source, method=method,
                          method_args={**file_method, **_method_args(args.set, args.lr)}, **values)
-    if source in _FRACTAL and cfg.size < 16:
+    if spec.rendered and cfg.size < 16:
         raise UsageError(f"--size must be at least 16 px for rendered fractals, got {cfg.size}")
     check_backbone(cfg.arch, cfg.width, cfg.size)
     opts = RunOptions(**{**file_run, **settings_from(args, RunOptions)})
@@ -175,8 +175,8 @@ def _add_source_command(sub, name: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for name in ("fps", "fractal-simsiam", "multilabel", "images", "supervised"):
-        _add_source_command(sub, name)
+    for spec in SOURCES.values():
+        _add_source_command(sub, spec.cli_name)
     return p
 
 

@@ -19,6 +19,7 @@ from fpsfl.base.settings import check, override, setting
 
 from .backbones import arch_names
 from .methods import METHODS, MethodConfig
+from .probe import PROBES
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class RunOptions(RunFlags):
                                    "JSON", group="run")
     probe: str | None = setting(None, "kNN-probe the backbone's frozen features on this labelled set while "
                                       "pre-training (metrics.jsonl: probe_knn_acc; the random init's: "
-                                      "probe_init_knn_acc)", choices=("digits",), group="run",
+                                      "probe_init_knn_acc)", choices=tuple(PROBES), group="run",
                                 default_text="no probe")
     probe_every: int = setting(1, "epochs between probes (and after the last)", within="[1, inf)",
                                group="run")

@@ -22,12 +22,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from fpsfl.base.files import file_sha256
+from fpsfl.base.registry import Registry
 from fractals.ifs import bank_or_sample
 from fractals.scenes import RenderConfig
 from fractals.stream import FractalStream, StreamConfig
 
 from .folder import FolderConfig, FolderSource
 from .imagenet32 import ImageNet32Source
+from .methods import METHODS
 from .recipe import PretrainConfig
 
 HELD_OUT_EPOCH = 2**31 - 1  # the stream's epoch index of the held-out batch (runs have fewer epochs)
@@ -103,24 +105,48 @@ class ImageSource:
 
 @dataclass(frozen=True)
 class SourceSpec:
+    """A pre-training source, registered in :data:`SOURCES`. Which methods can train on it is not listed
+    here but derived (issue 39): a method fits when the labels it reads (:attr:`Method.labels`) are what the
+    source's batches carry, so a new method is one file under ``pretrain/methods/``."""
+
+    name: str
     make: Callable[[PretrainConfig, int], FractalSource | ImageSource]  # (config, workers) -> source
-    methods: tuple[str, ...]  # methods that can train on it; the first is the default
+    labels: str | None  # what its batches carry beside the images: None, "multihot" or "class"
+    default_method: str
     description: str
     groups: tuple[str, ...]  # the PretrainConfig setting groups it uses (their flags show on its command)
+    command: str = ""  # its `pretrain` subcommand when that is not its name
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The registered methods that read this source's labels; the default first."""
+        fit = [name for name, method in METHODS.items() if method.labels == self.labels]
+        return (self.default_method, *[m for m in fit if m != self.default_method])
+
+    @property
+    def cli_name(self) -> str:
+        return self.command or self.name
+
+    @property
+    def rendered(self) -> bool:
+        """Fractals rendered on the fly (an epoch is --pairs-per-epoch), not a folder read once an epoch."""
+        return "fractal" in self.groups
 
 
-SOURCES: dict[str, SourceSpec] = {
-    "fps": SourceSpec(lambda c, w: FractalSource(c, "fps", w), ("simsiam", "mocov2"),
-                      "FPS pairs rendered on the fly (§4.2)", ("fractal",)),
-    "fractal-single": SourceSpec(lambda c, w: FractalSource(c, "single", w), ("simsiam", "mocov2"),
-                                 "one fractal per image, two augmented views (Table 6 baseline)",
-                                 ("fractal",)),
-    "multilabel": SourceSpec(lambda c, w: FractalSource(c, "multilabel", w), ("multilabel",),
-                             "multi-label fractal images over J codes (Anderson & Farrell 2022)",
-                             ("fractal", "multilabel")),
-    "images": SourceSpec(lambda c, w: ImageSource(c, False, w), ("simsiam", "mocov2"),
-                         "any image folder, two augmented views (e.g. StyleGAN images)", ("folder",)),
-    "supervised": SourceSpec(lambda c, w: ImageSource(c, True, w), ("supervised",),
-                             "a labelled ROOT/<class>/ image folder, or down-sampled ImageNet's pickles "
-                             "(--format imagenet32), cross-entropy (§4.2)", ("folder",)),
-}
+SOURCES: Registry[SourceSpec] = Registry("source")
+for _spec in (
+    SourceSpec("fps", lambda c, w: FractalSource(c, "fps", w), None, "simsiam",
+               "FPS pairs rendered on the fly (§4.2)", ("fractal",)),
+    SourceSpec("fractal-single", lambda c, w: FractalSource(c, "single", w), None, "simsiam",
+               "one fractal per image, two augmented views (Table 6 baseline)", ("fractal",),
+               command="fractal-simsiam"),
+    SourceSpec("multilabel", lambda c, w: FractalSource(c, "multilabel", w), "multihot", "multilabel",
+               "multi-label fractal images over J codes (Anderson & Farrell 2022)",
+               ("fractal", "multilabel")),
+    SourceSpec("images", lambda c, w: ImageSource(c, False, w), None, "simsiam",
+               "any image folder, two augmented views (e.g. StyleGAN images)", ("folder",)),
+    SourceSpec("supervised", lambda c, w: ImageSource(c, True, w), "class", "supervised",
+               "a labelled ROOT/<class>/ image folder, or down-sampled ImageNet's pickles "
+               "(--format imagenet32), cross-entropy (§4.2)", ("folder",)),
+):
+    SOURCES.register(_spec)

@@ -248,7 +248,7 @@ def check_world(cfg: PretrainConfig, d: distributed.Dist) -> None:
     if d.world == 1:
         return
     # the fractal sources' last batch may be short; a folder's is dropped (FolderConfig.drop_last)
-    last = cfg.pairs_per_epoch % cfg.batch_size if "fractal" in SOURCES[cfg.source].groups else 0
+    last = cfg.pairs_per_epoch % cfg.batch_size if SOURCES[cfg.source].rendered else 0
     problem = None
     if cfg.batch_size % d.world:
         problem = f"--batch-size {cfg.batch_size} (global) must be a multiple of the {d.world} processes"
