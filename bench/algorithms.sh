@@ -2,11 +2,12 @@
 # Every algorithm on digits: 10 clients, Dir(0.3), 30 rounds, 1 local epoch, seeds 0 and 1 (issue 14).
 # One JSON line per run: final and best test accuracy, whether any round had a non-finite loss (or the run
 # stopped on one) and whether any round's global model had a negative BatchNorm running variance.
-# Usage: bash bench/algorithms.sh [ALGO ...]     (default: all nine; SEEDS="0 1" ROUNDS=30 override)
+# Usage: bash bench/algorithms.sh [ALGO ...]     (default: every registered one; SEEDS="0 1" ROUNDS=30 override)
 set -euo pipefail
 algos=("$@")
 if [ ${#algos[@]} -eq 0 ]; then
-    algos=(fedavg fedprox feddyn moon scaffold fednova fedavgm fedvc fedir)
+    # shellcheck disable=SC2207  # every registered algorithm (names without spaces)
+    algos=($(python -c "from federated.algorithms import ALGORITHMS; print(*ALGORITHMS)"))
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
