@@ -1,4 +1,5 @@
-"""FedAvg-family algorithms, looked up by name (Chen et al., ICLR 2023, §4.3, Table 9).
+"""FedAvg-family algorithms, looked up by name (Chen et al., ICLR 2023, §4.3, Fig. 4;
+NIID-Bench; Hsu et al. 2019/2020).
 
 One small file per algorithm, registering its class with ``@ALGORITHMS.register``; this package imports them
 all on the first lookup (:class:`fpsfl.base.registry.Registry`), so a new algorithm touches one file.

@@ -1,7 +1,8 @@
 """FedAvg (McMahan et al. 2017) and the hooks every FedAvg-family algorithm overrides.
 
-Chen et al., ICLR 2023, §4.3 and Table 9 compare FedAvg with FedProx, FedDyn, MOON, SCAFFOLD and FedNova
-(here also FedAvgM, FedVC and FedIR). Like Flower's strategies, the round loop (:mod:`federated.rounds`,
+Chen et al., ICLR 2023, §4.3 and Fig. 4 compare FedAvg with FedProx, FedDyn and MOON; SCAFFOLD and FedNova
+are here as NIID-Bench benchmarks them (Li et al. 2022), FedAvgM, FedVC and FedIR as Hsu et al. 2019/2020.
+Like Flower's strategies, the round loop (:mod:`federated.rounds`,
 :mod:`federated.runner`) owns the orchestration and calls these hooks; an algorithm overrides only what it
 changes. Per-client and server state lives in the algorithm object and is saved with the round
 checkpoint through :meth:`FedAvg.state_dict`.

@@ -3,7 +3,7 @@
 Local objective L_i(w) - <g_i, w> + alpha/2 ||w - w_global||^2; then g_i <- g_i - alpha (w_i - w_global).
 The server keeps h <- h - alpha/N sum_{i in S} (w_i - w_global) and sets w = mean_S(w_i) - h / alpha (an
 unweighted mean over the round's clients). Parameters only: BatchNorm statistics take the plain
-sample-weighted average. Chen et al., ICLR 2023, §4.3 / Table 9.
+sample-weighted average. Chen et al., ICLR 2023, §4.3 and Fig. 4 run it without stating its settings.
 """
 
 from __future__ import annotations

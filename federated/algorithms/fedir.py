@@ -4,6 +4,10 @@ A sample of class y on client i is weighted w = p(y) / q_i(y), with p the class 
 clients and q_i the client's, so each client's expected loss matches the global one under label skew. The
 mini-batch loss is self-normalised, sum_j w_j l_j / sum_j w_j, as Hsu et al. use it: a plain mean of w_j l_j
 would scale the step size with the client's skew (0.2x with two labels per client, ~50x for a rare class).
+
+Declared: p(y) is the pooled class distribution of all clients' training data (the server knows each
+client's class counts), not a target distribution set on the server; the two coincide when the test set
+follows the pooled training distribution, as in CIFAR and Tiny-ImageNet.
 """
 
 from __future__ import annotations

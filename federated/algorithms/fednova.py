@@ -1,8 +1,11 @@
 """FedNova (Wang et al. 2020): normalised averaging that removes the bias of unequal local steps.
 
 Each client's update is divided by its momentum-aware step count a_i before averaging and rescaled by
-tau_eff = sum_i p_i a_i (Chen et al., ICLR 2023, §4.3 / Table 9; NIID-Bench's form). With equal steps it
-is FedAvg. Parameters only: BatchNorm statistics take the plain sample-weighted average.
+tau_eff = sum_i p_i a_i. a_i is Wang et al. 2020's momentum-aware step count (their Eq. for SGD with
+momentum rho: a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho)] / (1 - rho)); NIID-Bench's Algorithm 1 divides
+by the plain tau_i, which this equals only at momentum 0 (``federate --momentum 0``). Chen et al. do not run
+FedNova; it is here as NIID-Bench benchmarks it (Li et al. 2022). With equal steps it is FedAvg.
+Parameters only: BatchNorm statistics take the plain sample-weighted average.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """FedProx (Li et al. 2020): a proximal term mu/2 ||w - w_global||^2 in the local loss.
 
-Chen et al., ICLR 2023, §4.3 / Table 9; mu as NIID-Bench's default grid centre.
+Chen et al., ICLR 2023, §4.3 and Fig. 4 run it without stating mu; mu = 0.01 is from NIID-Bench's grid
+{0.001, 0.01, 0.1, 1} (Li et al. 2022).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A projection head maps the backbone features h to z, and the classifier reads z,
 model (features -> 2-layer MLP -> output layer). The local loss adds
 mu * -log( exp(cos(z, z_glob)/tau) / (exp(cos(z, z_glob)/tau) + exp(cos(z, z_prev)/tau)) ),
 pulling the local representation towards the global model's and away from the client's previous local
-model's. Chen et al., ICLR 2023, §4.3 / Table 9 (tau = 0.5). MOON's own default mu is 5 on CIFAR-10 and 1
+model's. Chen et al., ICLR 2023, §4.3 and Fig. 4 run it without stating its settings; tau = 0.5 is
+MOON's. MOON's own default mu is 5 on CIFAR-10 and 1
 on CIFAR-100 / Tiny-ImageNet (the cifar10 preset sets 5).
 """
 
@@ -28,7 +29,7 @@ from .base import AlgoConfig, ClientContext, FedAvg
 class MoonConfig(AlgoConfig):
     mu: float = setting(1.0, "weight of the model-contrastive term (MOON: 1 for CIFAR-100/Tiny, 5 for "
                              "CIFAR-10)", within="[0, inf)")
-    tau: float = setting(0.5, "temperature (MOON; Chen et al. Table 9)", within="(0, inf)")
+    tau: float = setting(0.5, "temperature (MOON's default, Li, He & Song 2021)", within="(0, inf)")
     proj_dim: int = setting(256, "projection head output (MOON: 2-layer MLP, 256-d)", within="[1, inf)")
 
 

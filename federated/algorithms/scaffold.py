@@ -4,8 +4,12 @@ Local steps use the corrected gradient g - c_i + c. After K local steps with lea
 sets c_i+ = c_i - c + (w_global - w_i) / (K lr) and sends delta c_i = c_i+ - c_i; the server adds
 (|S| / N) * mean(delta c_i) to c. The global model is the sample-weighted average of the clients' (the
 FedAvg-family convention of NIID-Bench; Karimireddy et al.'s unweighted mean with global step 1 is the same
-when clients are equal). Parameters only: BatchNorm statistics are never corrected. Chen et al.,
-ICLR 2023, §4.3 / Table 9.
+when clients are equal). Parameters only: BatchNorm statistics are never corrected. Chen et al. do not run
+SCAFFOLD; it is here as NIID-Bench benchmarks it (Li et al. 2022).
+
+Declared departure: the corrected gradient g - c_i + c goes through the local optimiser, momentum SGD
+(momentum 0.9 as every client here, Chen et al. Table 9); NIID-Bench's Algorithm 2 steps plain SGD. Pass
+``--momentum 0`` (with ``--set steps=plain``) for that form.
 
 ``steps="momentum-aware"`` (the default) replaces K by FedNova's a(K, rho) (Wang et al. 2020), which is K
 for plain SGD, so option II is unchanged there. Under the paper's local momentum rho = 0.9, K steps move the

@@ -1,4 +1,4 @@
-"""Optimal convex aggregation (Chen et al., ICLR 2023, §6.2, Eq. 4, Fig. 7; Appendix C.2).
+"""Optimal convex aggregation (Chen et al., ICLR 2023, §6.2, Eq. 4, Fig. 7; Appendix B.2).
 
 Given a round's local models theta_m, search lambda on the simplex that maximises the accuracy of
 sum_m lambda_m theta_m. lambda = softmax(w) is optimised by SGD on the loss of the combined model, from
@@ -22,9 +22,9 @@ from .combine import State, combine, combine_stacked, sample_simplex, stack_stat
 
 @dataclass(frozen=True)
 class ConvexConfig:
-    lr: float = 1e-5  # SGD learning rate on w, lambda = softmax(w) (Appendix C.2)
-    epochs: int = 20  # passes over the search data (Appendix C.2)
-    batch_size: int = 32  # Appendix C.2
+    lr: float = 1e-5  # SGD learning rate on w, lambda = softmax(w) (Appendix B.2)
+    epochs: int = 20  # passes over the search data (Appendix B.2)
+    batch_size: int = 32  # Appendix B.2
     random_starts: int = 2  # Dirichlet(1) starts besides uniform and FedAvg's weights
     seed: int = 0
 

@@ -54,10 +54,10 @@ class TrackConfig:
                                         "images instead of averaging them (slower)", group="search")
     bn_samples: int = setting(2000, cli=False)  # training images for that re-estimation
     convex_lr: float = setting(ConvexConfig.lr, "SGD lr of the search on w, lambda = softmax(w) (Appendix "
-                                                "C.2)", within="(0, inf)", group="search")
-    convex_epochs: int = setting(ConvexConfig.epochs, "search epochs over its data (Appendix C.2)",
+                                                "B.2)", within="(0, inf)", group="search")
+    convex_epochs: int = setting(ConvexConfig.epochs, "search epochs over its data (Appendix B.2)",
                                  within="[1, inf)", group="search")
-    convex_batch: int = setting(ConvexConfig.batch_size, "search batch size (Appendix C.2)",
+    convex_batch: int = setting(ConvexConfig.batch_size, "search batch size (Appendix B.2)",
                                 within="[1, inf)", group="search")
     convex_starts: int = setting(ConvexConfig.random_starts, "Dirichlet(1) starts besides uniform and "
                                                              "FedAvg's weights", within="[0, inf)",

@@ -215,7 +215,38 @@ def select(rng, n, fraction, p=None):
     m = max(1, round(fraction * n))
     if m >= n:
         return list(range(n))
-    return sorted(rng.choice(n, m, replace=False, p=p).tolist())
+    if p is not None:  # proportional to size (FedVC): systematic sampling, written as a plain loop
+        return proportional_select(rng, p, m)
+    return sorted(rng.choice(n, m, replace=False).tolist())
+
+
+def proportional_select(rng, p, m):
+    """Inclusion probability min(1, ...) proportional to p, exactly m clients: a client whose share would
+    reach 1 is certain and the others share the rest; then one uniform start and m unit steps over the
+    clients in a random order."""
+    pi, left, certain = [0.0] * len(p), m, set()
+    while True:
+        rest = [i for i in range(len(p)) if i not in certain]
+        total = sum(p[i] for i in rest)
+        new = {i for i in rest if left * p[i] / total >= 1}
+        if not new:
+            for i in rest:
+                pi[i] = left * p[i] / total
+            break
+        certain |= new
+        left -= len(new)
+        for i in new:
+            pi[i] = 1.0
+        if left == 0:
+            break
+    order = rng.permutation(len(p))
+    point, acc, chosen = rng.random(), 0.0, []
+    for i in order:
+        acc += pi[i]
+        while point < acc and len(chosen) < m:
+            chosen.append(int(i))
+            point += 1.0
+    return sorted(chosen)
 
 
 def reference_rounds(cfg, init, round_fn):

@@ -300,6 +300,29 @@ def test_centralised_trains_plain_sgd_whatever_the_algorithm(tmp_path, capsys):
     assert "fedir" in err and "plain SGD" in err and len([ln for ln in err.splitlines() if "note" in ln]) == 1
 
 
+def test_fedvc_selects_clients_with_probability_proportional_to_size():
+    """Hsu et al. 2020, §5.3: inclusion probability proportional to size, capped at 1 (issue 41). numpy's
+    weighted choice without replacement, used before, misses it when a large share is picked."""
+    from federated.algorithms.fedvc import inclusion_probabilities, pps_systematic
+
+    sizes, m, draws = np.array([1.0, 1, 2, 4, 8, 16, 3, 5]), 4, 20000
+    pi = inclusion_probabilities(sizes, m)
+    assert pi.sum() == pytest.approx(m) and pi.max() == 1.0
+    free = pi < 1
+    assert np.allclose(pi[free] / sizes[free], (pi[free] / sizes[free])[0])  # proportional below the cap
+    rng = np.random.default_rng(0)
+    counts, numpy_counts = np.zeros(len(sizes)), np.zeros(len(sizes))
+    for _ in range(draws):
+        chosen = pps_systematic(sizes, m, rng)
+        assert len(set(chosen)) == m
+        counts[chosen] += 1
+        numpy_counts[rng.choice(len(sizes), m, replace=False, p=sizes / sizes.sum())] += 1
+    assert np.abs(counts / draws - pi).max() < 0.015
+    assert np.abs(numpy_counts / draws - pi).max() > 0.05
+    algo = ALGORITHMS["fedvc"](ALGORITHMS["fedvc"].Config(), sizes.astype(int).tolist(), np.ones((8, 2)))
+    assert 5 in algo.select(np.random.default_rng(1), 0.5)  # the largest client: pi = 1
+
+
 def test_fedvc_draws_one_virtual_client_a_round():
     """Hsu et al. 2020, §5.3: N_VC examples resampled once per round the client is selected (without
     replacement from a larger client, with replacement from a smaller one), passed over E times;
