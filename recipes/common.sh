@@ -19,6 +19,9 @@ SCALE=${SCALE:-paper}
 OUT=${OUT:-runs}
 DEVICE=${DEVICE:-auto}
 mkdir -p "$OUT"
+# Dir(alpha) as Chen et al. §4.2 describe it, each class cut at its own draw (--balance none); federate's
+# default is NIID-Bench's code, which stops feeding a client once it holds N/M samples (docs/recipes.md)
+SPLIT=(--balance none)
 case $SCALE in
     paper)
         DATA=${DATA:-$HOME/data}
@@ -29,7 +32,7 @@ case $SCALE in
         FOLDER_EPOCHS=100                      # StyleGAN images, 1.3M of them: "the same setup" as FPS (App. A.2)
         BIG=224                                # px: ResNet18 / MobileNetV2 inputs (§4.2)
         PT_FLAGS=(--amp)
-        FL_FLAGS=()
+        FL_FLAGS=("${SPLIT[@]}")
         CIFAR_DL=(--download)                  # torchvision fetches CIFAR when it is not under DATA
         CITYSCAPES_FLAGS=()                    # 768 px crops, 1024 x 2048 test (App. B.1)
         ;;
@@ -43,7 +46,7 @@ case $SCALE in
         PT_EPOCHS=2 PT_PAIRS=128 PT_BATCH=64 IN32_EPOCHS=1 FOLDER_EPOCHS=1
         BIG=64
         PT_FLAGS=(--quiet)
-        FL_FLAGS=(--no-verify --min-size 1 --quiet)
+        FL_FLAGS=("${SPLIT[@]}" --no-verify --min-size 1 --quiet)
         CIFAR_DL=()
         CITYSCAPES_FLAGS=(--store-size 64 --crop-size 64 --eval-size 64x128 --batch-size 2)
         ;;

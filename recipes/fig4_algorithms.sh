@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Fig. 4 (Chen et al., ICLR 2023, §4.3): "Pre-training for different FL methods": FedAvg, FedProx (Li et al.
 # 2020b), FedDyn (Acar et al. 2021) and MOON (Li et al. 2021) from random, FPS (middle bars) and real
-# (right bars: ImageNet32 ResNet20) initialisation, "using the default federated setting": CIFAR-10, 10
-# clients, Dir(0.3), full participation, 100 rounds x 5 local epochs, ResNet20, Table 9's SGD.
-# Each method's own setting is fpsfl's default, its paper's (federate --help): FedProx mu 0.01, FedDyn
-# alpha 0.01, MOON mu 5 (MOON's CIFAR-10 value), tau 0.5; Chen et al. do not give theirs.
+# (right bars: ImageNet32 ResNet20) initialisation, "using the default federated setting" (§4.3 names no
+# dataset; our reading: CIFAR-10, 10 clients, Dir(0.3) as the paper splits it, full participation, 100
+# rounds x 5 local epochs, ResNet20, Table 9's SGD).
+# Each method's own setting is fpsfl's default (federate --help); Chen et al. do not give theirs: FedProx
+# mu 0.01 (NIID-Bench's grid {0.001, 0.01, 0.1, 1}), FedDyn alpha 0.01, MOON mu 5 (MOON's CIFAR-10 value)
+# and tau 0.5 (MOON's).
 # EXTRA=1 (the default at SCALE=smoke) adds five algorithms the figure does not have, each under its own
 # paper's definition: SCAFFOLD (Karimireddy et al. 2020, option II), FedNova (Wang et al. 2020), FedAvgM
 # (Hsu et al. 2019: Nesterov server momentum 0.9, server lr 1), FedVC (Hsu et al. 2020: N_VC examples

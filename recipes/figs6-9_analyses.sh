@@ -5,7 +5,8 @@
 #   Fig. 6 / 16: training dynamics, the global model's accuracy and the local models' mean (Eq. 3's ΔL, ΔG).
 #   Fig. 7 / 17: FedAvg vs the optimal convex aggregation λ* "throughout the entire FedAvg" (Eq. 4; SGD on
 #                the test set, lr 1e-5, 20 epochs, batch 32, several starts incl. uniform, App. B.2).
-#   Fig. 8 / 18: the test loss of 300 sampled convex combinations λ of the local models per round.
+#   Fig. 8 / 18: the test loss of 300 sampled convex combinations λ of the local models per round (§6.2
+#   and Fig. 8 say 300; Fig. 18's caption says 100: the recipe keeps 300 for both, declared).
 #   Fig. 9: loss landscapes of the final global models of CIFAR-10 runs "for different α and for an IID
 #           condition", from "the same random (or pre-trained) weights".
 # Otherwise the default setting (100 rounds x 5 local epochs, Table 9's SGD). The convex and variance

@@ -20,7 +20,8 @@ from .base import CROP_FLIP, Method, MethodConfig, feature_std
 @dataclass(frozen=True)
 class MultiLabelConfig(MethodConfig):
     lr: float = setting(0.1, "per 256 samples, scaled linearly (the standard supervised recipe, Goyal et al. "
-                             "2017)", within="(0, inf)")
+                             "2017; not the paper's: Chen et al. give no multi-label recipe)",
+                        within="(0, inf)")
 
 
 @METHODS.register

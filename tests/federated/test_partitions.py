@@ -131,6 +131,19 @@ def test_dirichlet_large_alpha_is_near_iid_and_tiny_alpha_is_one_class_per_clien
     assert (shares.max(1) > 0.5).sum() >= 8 and np.median(shares.max(1)) > 0.9  # one class holds the majority
 
 
+def test_dirichlet_balance_none_is_the_plain_per_class_split():
+    """balance=none (Chen et al. §4.2, issue 41): each class cut at its own Dir(alpha) draw, so a client may
+    hold far more than N/M; niid-bench caps what a full client receives. Same seed, same classes' order."""
+    labels = np.repeat(np.arange(10), 2000)
+    plain = partition(labels, PartitionConfig(alpha=0.1, balance="none", seed=1))
+    capped = partition(labels, PartitionConfig(alpha=0.1, balance="niid-bench", seed=1))
+    assert sorted(np.concatenate(plain).tolist()) == list(range(len(labels)))  # every sample once
+    assert max(len(p) for p in capped) <= len(labels) / 10 + 2000
+    assert max(len(p) for p in plain) > len(labels) / 10 + 2000  # the plain split lets a client grow
+    with pytest.raises(ValueError, match="balance"):
+        PartitionConfig(balance="even")
+
+
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_shards_k_labels_each_and_even_split_within_a_label(k):
     labels = _labels(1, 3000, 10, skew=1.0)
