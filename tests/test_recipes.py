@@ -112,7 +112,8 @@ def test_an_interrupted_federated_run_is_resumed_and_a_finished_one_skipped(tmp_
     from federated.runner import run
 
     out = tmp_path / "fl"
-    cfg = FederateConfig(rounds=2, local_epochs=1, min_size=1, verify=False, width=0.25, clients=3)
+    cfg = FederateConfig(rounds=2, local_epochs=1, min_size=1, verify=False, width=0.25, clients=3,
+                         balance="none")  # the recipes split Dir(alpha) as the paper does (common.sh)
     run(cfg, RunOptions(out=out, device="cpu", progress=False, stop_after=1))
     first = (out / "metrics.jsonl").read_text().splitlines()
     assert len(first) == 1 and not (out / "final.pt").exists()
