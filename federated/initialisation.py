@@ -11,7 +11,6 @@ reads any plain state-dict file instead.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, distribution
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 from fpsfl.base.checkpoint import CheckpointError, load_backbone_weights, load_checkpoint, load_weights_only
+from fpsfl.base.files import file_sha256
 from pretrain.backbones import create_backbone
 
 # torchvision's ImageNet weight files, as torch.hub stores them under <hub dir>/checkpoints/
@@ -175,14 +175,6 @@ def init_file(init: str) -> Path | None:
     return path
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def init_sha256(init: str) -> str | None:
     """The SHA-256 of the --init file (recorded in config.json so that --resume need not compare paths);
     None for random, imagenet or a file that is no longer there."""
@@ -210,16 +202,15 @@ class InitSource:
     checkpoint: dict | None = field(default=None, repr=False)
 
 
-def resolve_init(init: str, init_format: str = "fpsfl", arch: str | None = None) -> InitSource:
+def resolve_init(init: str | InitSource, init_format: str = "fpsfl",
+                 arch: str | None = None) -> InitSource:
     """Open ``--init`` once; InitError (one line) for a file that is absent or not what it claims. ``arch``
-    picks ImageNet's file (without it ``imagenet`` is resolved when loaded)."""
+    picks ImageNet's file (only ``imagenet`` needs it)."""
     if isinstance(init, InitSource):
         return init
     if init == "random":
         return InitSource(init, "random")
     if init == "imagenet":
-        if arch is None:
-            return InitSource(init, "imagenet")
         path = imagenet_path(arch)
         return InitSource(init, "imagenet", path, file_sha256(path), _plain_state(path))
     path = init_file(init)
@@ -287,10 +278,11 @@ def init_warning(init: str | InitSource, init_format: str = "fpsfl") -> str | No
 def check_init(arch: str, width: float, init: str | InitSource, init_format: str = "fpsfl") -> None:
     """Everything :func:`initialise` checks (the file exists, loads, matches arch and width tensor by
     tensor), on a throw-away backbone and without touching the global RNG: run before slow data loading."""
-    if init == "random" or getattr(init, "kind", None) == "random":
+    source = resolve_init(init, init_format, arch)
+    if source.kind == "random":
         return
     with torch.random.fork_rng(devices=[]):
-        initialise(create_backbone(arch, width), arch, width, init, init_format)
+        initialise(create_backbone(arch, width), arch, width, source)
 
 
 def initialise(backbone: nn.Module, arch: str, width: float, init: str | InitSource,
@@ -298,8 +290,6 @@ def initialise(backbone: nn.Module, arch: str, width: float, init: str | InitSou
     """Load ``init`` (a spec, opened now, or an :class:`InitSource` already read) into ``backbone``;
     returns a one-line description of what was loaded."""
     source = resolve_init(init, init_format, arch)
-    if source.kind == "imagenet" and source.state is None:
-        source = resolve_init(source.spec, init_format, arch)
     path = source.path
     if source.kind == "random":
         return "random initialisation"

@@ -5,6 +5,7 @@ fails here, naming the file."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,5 +105,5 @@ def test_a_missing_name_is_found(tmp_path, monkeypatch):
     page = tmp_path / "docs" / "x.md"
     page.parent.mkdir()
     page.write_text("## Algorithms\n\n| name | x |\n|---|---|\n| `fedavg` | a |\n\n## Next\n| `moon` | b |\n")
-    monkeypatch.setattr(__import__("tests.test_registry_lists", fromlist=["ROOT"]), "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert docs_table("docs/x.md", "Algorithms") == {"fedavg"}
