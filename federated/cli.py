@@ -37,7 +37,7 @@ from fpsfl.base.cli import (
     run_main,
     settings_from,
 )
-from fpsfl.base.configfile import read_sections, typed
+from fpsfl.base.configfile import read_sections, run_record, typed
 from fpsfl.base.rundir import RunDirError
 from pretrain.backbones import BackboneError, check_backbone
 
@@ -46,7 +46,7 @@ from .datasets import DATASETS, DataError
 from .experiment import FederateConfig, RunOptions
 from .flags import add_partition_flags, partition_settings_classes
 from .flower import FlowerError
-from .initialisation import InitError
+from .initialisation import InitError, init_sha256
 from .local import DivergenceError
 from .oracle.tracking import TrackConfig
 from .partitions import PartitionError
@@ -101,9 +101,28 @@ def config_from(args: argparse.Namespace) -> FederateConfig:
     return FederateConfig(**values, algo_args={**algo, **parse_settings(args.set)}, tracking=tracking)
 
 
+def check_replayed_init(args: argparse.Namespace, init: str) -> None:
+    """A run's config.json replayed with --config trains from its --init only while that file is still the
+    one the run started from (issue 42): the record holds the file's sha256 beside its path. A --init given
+    as a flag is the user's choice and is not compared."""
+    path = getattr(args, "config", None)
+    if path is None or "init" in settings_from(args, FederateConfig):
+        return
+    record = run_record(path) or {}
+    recorded, replayed = record.get("init_sha256"), (record.get("federate") or {}).get("init")
+    if not recorded or replayed != init:
+        return
+    now = init_sha256(init)
+    if now is not None and now != recorded:  # a missing file is refused by the run itself
+        raise UsageError(f"--config {path}: --init {init} is not the file that run started from (its sha256 "
+                         f"differs from the recorded one); give --init {init} to train from the file as it "
+                         f"is now")
+
+
 def options_from(args: argparse.Namespace) -> tuple[FederateConfig, RunOptions]:
     """The run's config and options from parsed flags (the default --out named after the run)."""
     cfg = config_from(args)
+    check_replayed_init(args, cfg.init)
     spec = DATASETS[cfg.dataset]
     check_backbone(cfg.arch, cfg.width, cfg.input_size or cfg.crop_size or spec.input_size)
     opts = RunOptions(**{**file_settings(args).run, **settings_from(args, RunOptions)})

@@ -1,6 +1,7 @@
 """pretrain: pre-train a backbone on synthetic fractals or an image folder (Chen et al., ICLR 2023, §4.2).
 
-  pretrain fps --epochs 100 --out fps.ckpt                    FPS + SimSiam, ResNet20 at 32 px (the paper)
+  pretrain fps --recipe official --epochs 100 --out fps.ckpt  FPS + SimSiam, ResNet20 at 32 px (the paper)
+  pretrain fps --epochs 8 --pairs-per-epoch 125000 ...        the default --recipe short: MoCo-v2, init x0.1
   pretrain fps --arch resnet18 --size 224 --method mocov2 ... FPS + MoCo-v2, ResNet18 at 224 px
   pretrain fractal-simsiam ...                                one fractal, two augmented views (baseline)
   pretrain multilabel ...                                     multi-label fractals, J = 1000 (baseline)

@@ -23,29 +23,58 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from fpsfl.base import safepickle
+
 from .folder import FolderConfig, FolderError, FolderSource
 
 TRAIN_FILES = tuple(f"train_data_batch_{i}" for i in range(1, 11))
+N_CLASSES = 1000  # the ImageNet-1k ids of the published files
 
 
 def read_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(images uint8 (N, S, S, 3) channels-last, labels int64 (N,) 0-based) of one pickled batch file."""
+    """(images uint8 (N, S, S, 3) channels-last, labels int64 (N,) 0-based) of one pickled batch file, read
+    with :mod:`fpsfl.base.safepickle` (numpy arrays and plain data only: a file cannot run code) and checked
+    against the published form, so that a stray file fails here, not as a 200,000-way head or wrapped
+    pixels."""
     try:
         with open(path, "rb") as f:
-            record = pickle.load(f, encoding="latin1")  # Python 2 pickles too (latin1 keeps bytes as is)
+            record = safepickle.load(f)  # latin1: Python 2 pickles too (it keeps bytes as is)
         record = {k.decode() if isinstance(k, bytes) else k: v for k, v in record.items()}
-        data = np.asarray(record["data"], dtype=np.uint8)
-        labels = np.asarray(record["labels"], dtype=np.int64)
+        data, labels = np.asarray(record["data"]), np.asarray(record["labels"])
+    except safepickle.UnsafePickleError as e:
+        raise FolderError(f"{path!r}: {e}") from None
     except (OSError, pickle.UnpicklingError, EOFError, KeyError, AttributeError, ValueError, TypeError) as e:
         raise FolderError(f"{path!r} is not a down-sampled ImageNet batch (a pickled dict with 'data' and "
                           f"'labels'): {type(e).__name__}: {e}".replace("\n", " ")) from e
+    return _channels_last(path, data), _labels_0_based(path, labels, len(data))
+
+
+def _channels_last(path: str, data: np.ndarray) -> np.ndarray:
+    """uint8 (N, S, S, 3) from the (N, 3 S^2) channel-major rows; refuses values a uint8 cast would wrap."""
     side = math.isqrt(data.shape[1] // 3) if data.ndim == 2 else 0
-    if data.ndim != 2 or 3 * side * side != data.shape[1] or len(labels) != len(data):
-        raise FolderError(f"{path!r}: 'data' must be (N, 3 S^2) rows with one label each, got {data.shape} "
-                          f"and {len(labels)} labels")
-    if len(labels) and labels.min() < 1:
-        raise FolderError(f"{path!r}: labels must be 1-based class ids (1..1000), found {labels.min()}")
-    return data.reshape(-1, 3, side, side).transpose(0, 2, 3, 1), labels - 1
+    if data.ndim != 2 or side == 0 or 3 * side * side != data.shape[1] or len(data) == 0:
+        raise FolderError(f"{path!r}: 'data' must be (N, 3 S^2) rows with N >= 1, got shape {data.shape}")
+    if data.dtype != np.uint8:
+        integer = np.issubdtype(data.dtype, np.integer)
+        if not integer or data.min() < 0 or data.max() > 255:
+            found = f"{data.min()}..{data.max()}" if integer else f"dtype {data.dtype}"
+            raise FolderError(f"{path!r}: 'data' must hold 8-bit pixel values (integers 0..255), found "
+                              f"{found}")
+        data = data.astype(np.uint8)
+    return data.reshape(-1, 3, side, side).transpose(0, 2, 3, 1)
+
+
+def _labels_0_based(path: str, labels: np.ndarray, n: int) -> np.ndarray:
+    """int64 (N,) 0-based from the published 1-based ids 1..1000; a column (N, 1) is refused, not guessed."""
+    if labels.shape != (n,):
+        raise FolderError(f"{path!r}: 'labels' must be a flat list of one class id per row ({n} rows), got "
+                          f"shape {labels.shape}")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise FolderError(f"{path!r}: 'labels' must be integer class ids, found dtype {labels.dtype}")
+    if labels.min() < 1 or labels.max() > N_CLASSES:
+        raise FolderError(f"{path!r}: labels must be 1-based class ids (1..{N_CLASSES}), found "
+                          f"{labels.min()}..{labels.max()}")
+    return labels.astype(np.int64) - 1
 
 
 def read_imagenet32(root: str) -> tuple[np.ndarray, np.ndarray]:

@@ -79,11 +79,11 @@ PY
 )"
 link=127.0.0.1:${ports[0]}
 if [ "$SECURE" = 1 ]; then
-    tls="$work/tls"
-    python -m federated.flower.tls certs "$tls" --host 127.0.0.1 --host localhost
+    tls="$work/tls"  # this recipe's own throw-away deployment: a kept WORK gets new keys (--force)
+    python -m federated.flower.tls certs "$tls" --host 127.0.0.1 --host localhost --force
     names=(); for ((i = 0; i < CLIENTS; i++)); do names+=("node-$i"); done
     [ -z "${INTRUDE:-}" ] || names+=(intruder stranger)
-    python -m federated.flower.tls keys "$tls" "${names[@]}"
+    python -m federated.flower.tls keys "$tls" "${names[@]}" --force
     link_flags=(--ssl-ca-certfile "$tls/ca.pem" --ssl-certfile "$tls/server.pem" --ssl-keyfile "$tls/server.key"
                 --enable-supernode-auth)
     connection="root-certificates = \"$tls/ca.pem\""

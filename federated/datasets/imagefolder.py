@@ -4,6 +4,8 @@ Chen et al., ICLR 2023, §4.5, fine-tuned at 224 px with ResNet18."""
 from __future__ import annotations
 
 import os
+import sys
+from collections import Counter
 
 from PIL import Image
 
@@ -12,6 +14,8 @@ from pretrain.folder import FolderConfig, FolderError, is_image, scan
 from . import DataConfig, Preset, register_dataset
 from .decode import DataError, Loaded, _require_dir
 from .stream import decode_split, wants_stream
+
+SIDE_SAMPLE = 1000  # image headers read for the usual side: a mode is clear long before, ~1 s on a slow disk
 
 
 def read_imagefolder(root: str, size: int, workers: int | None = None, decode: str = "auto") -> Loaded:
@@ -43,21 +47,38 @@ def read_imagefolder(root: str, size: int, workers: int | None = None, decode: s
 )
 def imagefolder(cfg: DataConfig, stored: int) -> Loaded:
     """The labelled folder ``cfg.root``; its preset is the Table 9 recipe of CIFAR and Tiny-ImageNet. Without
-    ``--store-size``, images smaller than the default 64 px are kept at their own side (the shorter side
-    of the first training image), so a folder of 32 px images trains at 32 px, not upsampled to 224."""
+    ``--store-size``, images smaller than the default 64 px are kept at their own side, the most common
+    shorter side of the training images, so a folder of 32 px images trains at 32 px, not upsampled to 224;
+    one odd image does not set it. Images of another side are resized, with one warning line counting them."""
     if cfg.store_size is None:
-        stored = min(stored, _own_side(os.path.join(os.path.expanduser(cfg.root), "train")))
+        sides, n_images = _shorter_sides(os.path.join(os.path.expanduser(cfg.root), "train"))
+        if sides:
+            usual = max(sides, key=lambda side: (sides[side], side))  # ties: the larger, less upsampling
+            stored = min(stored, usual)
+            # resized unlike the rest: any other side when the usual one is kept, else those upsampled
+            odd = sum(n for side, n in sides.items() if side != usual and (stored == usual or side < stored))
+            if odd:
+                read = sum(sides.values())
+                sample = f" (a sample of the {n_images})" if n_images > SIDE_SAMPLE else ""
+                print(f"warning: imagefolder: {odd} of {read} training images{sample} have a shorter side "
+                      f"other than {usual} px, the most common; all are stored at {stored} px (--store-size "
+                      f"sets it)", file=sys.stderr)
     return read_imagefolder(cfg.root, stored, decode=cfg.decode)
 
 
-def _own_side(train_root: str) -> int:
-    """The shorter side of the first image under ``train_root`` (header only), or a large number."""
-    for folder, _, names in sorted(os.walk(train_root)):
-        for name in sorted(names):
-            if is_image(name):
-                try:
-                    with Image.open(os.path.join(folder, name)) as img:
-                        return min(img.size)
-                except OSError:
-                    return 1 << 30  # unreadable: the reader reports it
-    return 1 << 30
+def _shorter_sides(train_root: str) -> tuple[Counter[int], int]:
+    """(how many images under ``train_root`` have each shorter side, the number of images), from headers
+    only: at most SIDE_SAMPLE images, evenly spaced in sorted order. Unreadable images are skipped (the
+    reader reports them)."""
+    paths = sorted(os.path.join(folder, name) for folder, _, names in os.walk(train_root)
+                   for name in names if is_image(name))
+    sample = [paths[i * len(paths) // SIDE_SAMPLE] for i in range(SIDE_SAMPLE)] \
+        if len(paths) > SIDE_SAMPLE else paths
+    sides: Counter[int] = Counter()
+    for path in sample:
+        try:
+            with Image.open(path) as img:
+                sides[min(img.size)] += 1
+        except OSError:
+            pass
+    return sides, len(paths)

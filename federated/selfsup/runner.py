@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -51,7 +52,11 @@ def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, 
     returns the metrics rows. ``data`` replaces the configured dataset (tests)."""
     device = resolve_device(opts.device)
     method = FED_SSL[sp.algo](sp.method_config(fed.preset()))
-    rundir = RunDir(opts.run_dir)
+    rundir = RunDir(opts.run_dir, opts.tensorboard)
+    if not opts.resume and Path(opts.out).exists():  # a finished run's checkpoint, or anyone's (issue 42)
+        held = "pass --resume to continue its run, or " if rundir.has_state() else ""
+        raise RunDirError(f"--out {opts.out} already exists and is not overwritten; {held}choose another "
+                          f"--out")
     with rundir.session(opts.resume):
         source = None if opts.resume else resolve_init(fed.init, fed.init_format, fed.arch)  # opened once
         if source is not None:

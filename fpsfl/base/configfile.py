@@ -37,9 +37,11 @@ def read_sections(path: Path, known: Iterable[str], recorded: Iterable[str] = ()
     ``known``: the tables a file may hold; ``recorded``: keys a run's record holds for reading only (derived
     values such as the resolved algorithm config), skipped. Anything else is an error naming it.
     """
-    data = _load(path)
-    if "config" in data and "code_version" in data:  # a run directory's config.json (fpsfl.base.rundir)
-        data = {k: v for k, v in data["config"].items() if k not in set(recorded)}
+    data = run_record(path)
+    if data is not None:  # a run directory's config.json (fpsfl.base.rundir)
+        data = {k: v for k, v in data.items() if k not in set(recorded)}
+    else:
+        data = _load(path)
     known = tuple(known)
     tables = {}
     for key, value in data.items():
@@ -52,6 +54,18 @@ def read_sections(path: Path, known: Iterable[str], recorded: Iterable[str] = ()
     return tables
 
 
+def run_record(path: Path) -> dict | None:
+    """The ``config`` record of a run directory's ``config.json`` (what the run was started with, and what it
+    recorded beside, such as its --init file's sha256), or None for a plain settings file."""
+    data = _load(path)
+    if not ("config" in data and "code_version" in data):
+        return None
+    if not isinstance(data["config"], dict):
+        raise ConfigFileError(f"--config {path}: its config record must be a table of settings, got "
+                              f"{data['config']!r}")
+    return data["config"]
+
+
 def typed(cls: type | Iterable[type], values: Mapping[str, Any], where: str,
           skip: Iterable[str] = ()) -> dict[str, Any]:
     """``values`` typed as the fields of ``cls`` (a dataclass, or several whose fields are pooled), as flags
@@ -62,13 +76,17 @@ def typed(cls: type | Iterable[type], values: Mapping[str, Any], where: str,
     skip = set(skip)
     out = {}
     for key, value in values.items():
-        if key in skip:
+        if key in skip:  # a nested table: the caller types its keys, but a table it must be
+            if not isinstance(value, dict):
+                raise ConfigFileError(f"{where}: {key} must be a table of settings, got {value!r}")
             out[key] = value
             continue
         if key not in found:
             raise ConfigFileError(f"{where}: unknown key {key!r} (the keys are the flags' names with "
                                   f"underscores; see --help)")
         field, kind = found[key]
+        if field.metadata.get("internal"):
+            raise ConfigFileError(f"{where}: {key!r} is an internal test hook, not a setting")
         parse = field.metadata.get("parse")
         try:
             by_flag = parse is not None and isinstance(value, str)

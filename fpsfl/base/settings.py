@@ -24,18 +24,19 @@ def setting(default: Any = dataclasses.MISSING, help: str | Callable[[], str] = 
             within: str | None = None, choices: tuple | Callable[[], tuple] | None = None,
             flag: str | None = None, group: str | None = None, parse: Callable[[str], Any] | None = None,
             metavar: str | None = None, default_text: str | None = None, cli: bool = True,
-            const: Any = None, default_factory: Any = dataclasses.MISSING) -> Any:
+            const: Any = None, default_factory: Any = dataclasses.MISSING, internal: bool = False) -> Any:
     """A dataclass field with its metadata.
 
     ``within``: an interval such as ``"(0, 1]"`` or ``"[0, inf)"``; ``choices``: the allowed values (or a
     callable giving them); ``flag``: the command-line flag (default ``--field-name``); ``group``: the help
     section; ``parse``: str -> value for flags with a custom syntax; ``default_text``: how the help states
     the default (e.g. for None meaning "the dataset's preset"); ``cli=False`` keeps it off the command line;
-    ``const``: the value of the bare flag, whose value becomes optional (``--resume`` = ``--resume yes``).
+    ``const``: the value of the bare flag, whose value becomes optional (``--resume`` = ``--resume yes``);
+    ``internal``: a hook for tests, settable from Python only, never from a user's config file (issue 42).
     """
     metadata = {"help": help, "within": within, "choices": choices, "flag": flag, "group": group,
                 "parse": parse, "metavar": metavar, "default_text": default_text, "cli": cli,
-                "const": const}
+                "const": const, "internal": internal}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -119,6 +120,10 @@ def coerce(key: str, value: Any, kind: Any) -> Any:
     text = str(value).strip().lower()
     if optional and (value is None or text == "none"):
         return None
+    if typing.get_origin(kind) is dict or kind is dict:  # a table (partition_args): its owner types its keys
+        if isinstance(value, dict):
+            return value
+        raise ValueError(f"setting {key!r} must be a table of settings, got {value!r}")
     if typing.get_origin(kind) is tuple:
         parts = value if isinstance(value, list | tuple) else [p for p in str(value).split(",") if p.strip()]
         return tuple(coerce(key, p, base) for p in parts)

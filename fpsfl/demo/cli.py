@@ -1,6 +1,8 @@
 """fpsfl demo: the paper's story in miniature on the embedded digits data (Chen et al., ICLR 2023).
 
-1. pre-train ResNet20 with FPS + SimSiam at 32 px (§3, §4.2) on a small budget;
+1. pre-train ResNet20 with FPS at 32 px (§3, §4.2) on a small budget, with pretrain's default ``--recipe
+   short`` (MoCo-v2 from an init scaled x0.1: the official SimSiam recipe does not move the backbone at
+   this budget, issue 38);
 2. FedAvg from random init, from that checkpoint and (when it ships) from the shipped FPS weights, three
    seeds each: Dir(alpha = 0.3) over 10 clients, full participation, the same rounds; plus the centralised
    baseline of the random and demo inits (§4.2, Table 2);
@@ -124,7 +126,7 @@ def _federate_argv(out: Path, init: str, budget: Budget, device: str, seed: int,
 
 def plan(out: Path, budget: Budget, device: str) -> list[Step]:
     ckpt = out / "fps.ckpt"
-    pre = Step("pre-train ResNet20 with FPS + SimSiam", "pretrain.cli",
+    pre = Step("pre-train ResNet20 with FPS + MoCo-v2 (--recipe short)", "pretrain.cli",
                ["fps", "--arch", "resnet20", "--width", f"{budget.width:g}", "--size", "32",
                 "--epochs", str(budget.pretrain_epochs), "--pairs-per-epoch", str(budget.pretrain_pairs),
                 "--batch-size", str(budget.pretrain_batch), "--device", device, "--out", str(ckpt),

@@ -2,6 +2,7 @@
 
 import csv
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -195,6 +196,42 @@ def test_cifar_md5_is_checked_without_the_test_patch(tmp_path):
         load_dataset(DataConfig("cifar100", root=str(tmp_path)))
 
 
+
+class _Payload:
+    """Unpickling it calls ``os.system`` (issue 42: a CIFAR file must not run code)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("hostile", ["data_batch_2", "batches.meta"])
+def test_cifar_pickles_that_would_run_code_are_refused(tmp_path, skip_md5, hostile):
+    _write_cifar(tmp_path, hundred=False)
+    marker, path = tmp_path / "ran", tmp_path / "cifar-10-batches-py" / hostile
+    real = path.read_bytes()
+    path.write_bytes(pickle.dumps({"data": np.zeros((20, 3072), np.uint8), "labels": [0] * 20,
+                                   "label_names": [_Payload(marker)]}, protocol=2))
+    with pytest.raises(DataError, match=rf"{hostile}'?: it holds (posix|os)\.system.*refusing") as e:
+        load_dataset(DataConfig("cifar10", root=str(tmp_path), val_fraction=0))
+    assert "\n" not in str(e.value) and not marker.exists()
+    path.write_bytes(real)  # the published form still loads
+    assert len(load_dataset(DataConfig("cifar10", root=str(tmp_path), val_fraction=0)).train_y) == 100
+
+
+def test_cifar_batches_in_another_form_are_one_line(tmp_path, skip_md5):
+    _write_cifar(tmp_path, hundred=True)
+    path = tmp_path / "cifar-100-python" / "test"
+    path.write_bytes(pickle.dumps({"data": np.zeros((3, 3072), np.int16), "fine_labels": [0, 1, 2]}))
+    with pytest.raises(DataError, match=r"not a CIFAR batch: .*got int16 \(3, 3072\)"):
+        load_dataset(DataConfig("cifar100", root=str(tmp_path)))
+    path.write_bytes(pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "fine_labels": [0, 100]}))
+    with pytest.raises(DataError, match=r"must lie in 0..99 \(one per class name\), found 0..100"):
+        load_dataset(DataConfig("cifar100", root=str(tmp_path)))
+
+
 # ---- Tiny-ImageNet ----------------------------------------------------------------------------------------
 
 
@@ -280,6 +317,20 @@ def test_imagefolder_keeps_small_images_at_their_own_side_and_stores_large_ones_
     assert small.train_x.shape[1] == 32 and small.input_size == 32  # 32 px images train at 32 px
     large = load_dataset(DataConfig("imagefolder", root=str(tmp_path / "large"), val_fraction=0))
     assert large.train_x.shape[1] == 64 and large.input_size == 224  # the 224 px recipe (§4.5)
+
+
+def test_one_odd_image_does_not_set_the_side_of_every_image(tmp_path, capsys):
+    for part in ("train", "test"):
+        for c in ("a", "b"):
+            for i in (1, 2):
+                _save(tmp_path / part / c / f"00{i}.png", i, wh=(32, 32))
+    _save(tmp_path / "train" / "a" / "000.png", 0, wh=(1, 1))  # the first image of the walk
+    data = load_dataset(DataConfig("imagefolder", root=str(tmp_path), val_fraction=0))
+    assert data.train_x.shape[1:] == (32, 32, 3) and data.input_size == 32 and len(data.train_y) == 5
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1 of 5 training images have a shorter side other than 32 px" in err
+    load_dataset(DataConfig("imagefolder", root=str(tmp_path), val_fraction=0, store_size=16))
+    assert capsys.readouterr().err == ""  # a side the user set: nothing to warn about
 
 
 def test_digits_shape_range_and_fixed_test_set():

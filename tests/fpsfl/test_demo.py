@@ -54,3 +54,15 @@ def test_paper_comparison_calls_small_changes_too_close():
     assert _agrees(2.0, 1.0, "within 1 point") == "here it does not."
     assert "too close to call" in _agrees(-0.7, 1.0, "within 1 point")
     assert "within 10%" in _agrees(0.05, 0.1, "within 10%")
+
+
+def test_pretraining_step_names_the_method_pretrain_runs_by_default(tmp_path):
+    """The demo's report times its pre-training under the step's name: it must name the method that
+    ``pretrain fps`` actually runs (its default --recipe), not the paper's SimSiam."""
+    from fpsfl.demo.cli import BUDGETS, plan
+    from pretrain.recipe import DEFAULT_RECIPE, RECIPES
+
+    method = RECIPES[DEFAULT_RECIPE].method
+    shown = {"simsiam": "SimSiam", "mocov2": "MoCo-v2"}.get(method, method)
+    name = plan(tmp_path, BUDGETS["default"], "cpu")[0].name
+    assert shown in name and f"--recipe {DEFAULT_RECIPE}" in name
