@@ -18,8 +18,8 @@ PROBE_DATA=${PROBE_DATA:-}
 FEDAVG=${FEDAVG:-0}
 fedavg() {  # fedavg INIT NAME SEED
     local out="$OUT/budget-fl-$2-s$3" resume=()
-    started "$out" && resume=(--resume)  # an interrupted study continues where it stopped
-    [ -f "$out/final.pt" ] || federate "${resume[@]}" --dataset digits --alpha 0.3 --clients 10 --rounds 10 --local-epochs 1 \
+    started "$out" && resume=(--resume)  # an interrupted study continues; a finished run is checked again
+    federate "${resume[@]}" --dataset digits --alpha 0.3 --clients 10 --rounds 10 --local-epochs 1 \
         --init "$1" --seed "$3" --no-eval-local --device "$DEVICE" --quiet --out "$out"
 }
 pretrain_budget() {  # pretrain_budget PAIRS SEED -> checkpoint path (a finished run resumes to no work)

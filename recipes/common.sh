@@ -8,10 +8,11 @@
 #   --no-verify (the tiny CIFAR files cannot match the published md5 sums). It checks the commands, not
 #   the numbers.
 # OUT (default runs) holds the runs; SEEDS (default 0 1 2) the repetitions `analyze report` pools.
-# "Finished means finished": a federate run is skipped only when its final.pt exists and continued with
-# --resume when it stopped part-way; a pre-training is reused only when its checkpoint holds the recipe's
-# last epoch (as federated/initialisation.py's shipped_ready checks shipped weights), else its run continues
-# with --resume (pretrain writes --out after every epoch, so a checkpoint file alone proves nothing).
+# "Finished means finished, and by these settings" (issue 42): a run that started is always called again
+# with --resume, which compares the settings (and federate the --init file's sha256) with the run's record,
+# refuses one made otherwise, continues one that stopped part-way and only re-reads one that finished (no
+# training). A pre-training checkpoint without its run directory is reused only when it holds the
+# recipe's last epoch (as federated/initialisation.py's shipped_ready checks shipped weights).
 set -euo pipefail
 shopt -s inherit_errexit  # a failing step inside $(...) stops the recipe too (fps=$(fps_ckpt ...))
 RECIPES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -96,8 +97,8 @@ started() {  # started RUNDIR: a run began there (its config.json, or a state): 
 pretrained() {  # pretrained CKPT EPOCHS PRETRAIN-ARGS... -> prints CKPT, made (or finished) if needed
     local ckpt=$1 epochs=$2 resume=()
     shift 2
-    if ! finished "$ckpt" "$epochs"; then
-        started "${ckpt%.ckpt}.run" && resume=(--resume)  # an interrupted run continues
+    if started "${ckpt%.ckpt}.run" || ! finished "$ckpt" "$epochs"; then
+        started "${ckpt%.ckpt}.run" && resume=(--resume)  # checked against its record; continued if cut
         pretrain "$@" --epochs "$epochs" "${PT_FLAGS[@]}" "${resume[@]}" --device "$DEVICE" --out "$ckpt" >&2 ||
             return 1
     fi
@@ -117,10 +118,11 @@ imagenet32_ckpt() {  # imagenet32_ckpt [ARCH [WIDTH]] -> ResNet20 pre-trained on
 }
 
 fl() {  # fl OUTDIR FEDERATE-ARGS...: a federate run with the scale's rounds and epochs (later flags win),
-    # skipped when finished (final.pt), continued with --resume when it stopped part-way
+    # continued with --resume once started. A finished run is not skipped on its final.pt alone (issue 42):
+    # federate --resume compares the settings and the --init file's sha256 with the run's record, refuses
+    # (exit 2) a run made otherwise, and on a finished run only prints its result again
     local out=$1 resume=()
     shift
-    [ -f "$out/final.pt" ] && return 0
     started "$out" && resume=(--resume)
     federate --rounds "$ROUNDS" --local-epochs "$LOCAL_EPOCHS" "$@" "${FL_FLAGS[@]}" "${resume[@]}" \
         --device "$DEVICE" --out "$out"

@@ -40,6 +40,8 @@ from federated.initialisation import shipped_ready
 from fpsfl.base.cli import COUNT, TEXT, Parser, UsageError, run_main, writable_dir
 from fpsfl.base.rundir import RunDir
 
+from .ledger import Ledger
+
 SHIPPED_NAME = "fps-mocov2-resnet20-cpu-1m"  # the shipped weights the demo compares with, when they ship
 
 
@@ -160,11 +162,15 @@ def _command(step: Step) -> list[str]:
     return [sys.executable, "-m", step.module, *step.argv, *resume]
 
 
-def run_steps(steps: list[Step], jobs: int, log: Path) -> None:
+def run_steps(steps: list[Step], jobs: int, log: Path, ledger: Ledger) -> None:
     """Run the steps not done yet, ``jobs`` at a time once their ``after`` steps finished; each subprocess
-    gets one thread when several run at once. Its output goes to ``log``; a failure stops the demo."""
+    gets one thread when several run at once. Its output goes to ``log``; a failure stops the demo. A step
+    is done only when ``ledger`` records the same settings and init for it (issue 42)."""
     env = {**os.environ, **({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if jobs > 1 else {})}
-    finished = {s.name for s in steps if s.finished()}
+    done = {s.name: s.finished() for s in steps}
+    for s in steps:  # every step checked before any runs
+        ledger.check(s.name, s.argv, done[s.name], s.extra.get("run", s.done))
+    finished = {name for name, yes in done.items() if yes}
     todo = [s for s in steps if s.name not in finished]
     for s in steps:
         if s.name in finished:
@@ -178,6 +184,7 @@ def run_steps(steps: list[Step], jobs: int, log: Path) -> None:
                 step = ready.pop(0)
                 todo.remove(step)
                 tqdm.write(f"start: {step.name}")
+                ledger.start(step.name, step.argv)
                 out.write(f"$ {' '.join(_command(step))}\n")
                 out.flush()
                 running[step.name] = (step, subprocess.Popen(_command(step), stdout=out, stderr=out, env=env),
@@ -212,7 +219,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     print(f"fpsfl demo, {args.budget} budget ({budget.note}): {len(steps)} steps, {jobs} at a time, then the "
           f"analyses and {out / 'report.md'}", flush=True)
     t0 = time.perf_counter()
-    run_steps(steps, jobs, out / "demo.log")
+    run_steps(steps, jobs, out / "demo.log", Ledger(out, args.budget))
     table = write_report(out, steps, budget, args.budget, t0)
     print(table)
     print(f"report: {out / 'report.md'}")

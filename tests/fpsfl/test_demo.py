@@ -30,6 +30,20 @@ def test_demo_smoke_writes_the_report(tmp_path, capsys):
     # a second invocation finds every step done and only redoes the analyses and the report
     assert main(["demo", "--budget", "smoke", "--out", str(out), "--device", "cpu"]) == 0
     assert capsys.readouterr().out.count("already done") == 7  # pre-training, 2 x 2 federated, 2 centralised
+    # issue 42: a step is done only for the settings and init that made it
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    report = (out / "report.md").read_bytes()
+    assert main(["demo", "--budget", "default", "--out", str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "smoke budget" in err and "other settings" in err
+    assert sorted(p.name for p in (out / "runs").iterdir()) == runs and (out / "report.md").read_bytes() == report
+    (out / "fps.ckpt").write_bytes((out / "fps.ckpt").read_bytes() + b"\0")  # another file at the same path
+    assert main(["demo", "--budget", "smoke", "--out", str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "another --init file" in err
+    (out / "demo.json").unlink()  # finished runs that nothing records
+    assert main(["demo", "--budget", "smoke", "--out", str(out), "--device", "cpu"]) == 2
+    assert "does not record its settings" in capsys.readouterr().err
 
 
 def test_bad_budget_is_one_line_and_exit_2(capsys):

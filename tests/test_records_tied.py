@@ -1,0 +1,111 @@
+"""Issue 42 ("nothing lies, round 4"): a result is tied to what made it, nothing is overwritten, config
+files give one line. One test per defect; the others of the issue sit beside their modules:
+the restricted unpickler (tests/test_safe_pickle.py, tests/pretrain/test_imagenet32.py,
+tests/federated/test_datasets.py), ImageNet32's batch checks and the image folder's store size (the same
+files), the TLS tools (tests/federated/test_flower_tls.py), analyze's checks of a run's records
+(tests/analysis/test_records.py), TensorBoard folders (tests/test_tensorboard.py) and the demo's ledger
+(tests/fpsfl/test_demo.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_robustness import FED, PRE, ckpt, one_line_error
+
+HOSTILE_CONFIGS = {  # --config JSON bodies with a table of the wrong type (tracebacks before issue 42)
+    "algo_args-list": {"federate": {"algo_args": [1]}},
+    "algo_args-string": {"federate": {"algo_args": "x"}},
+    "tracking-list": {"federate": {"tracking": [1]}},
+    "tracking-number": {"federate": {"tracking": 3}},
+    "partition_args-number": {"federate": {"partition_args": 3}},
+    "record-not-a-table": {"config": [1], "code_version": "x"},
+    "method_args-list": {"pretrain": {"method_args": [1]}},
+    "method_args-string": {"pretrain": {"method_args": "x"}},
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_CONFIGS)
+def test_a_config_table_of_the_wrong_type_is_one_line(tmp_path, capsys, name):
+    from federated.cli import main as federate
+    from pretrain.cli import main as pretrain
+
+    body = HOSTILE_CONFIGS[name]
+    (tmp_path / "c.json").write_text(json.dumps(body))
+    main, argv = ((pretrain, ["fps", *PRE, "--out", tmp_path / "p.ckpt"]) if "pretrain" in body
+                  else (federate, [*FED, "--out", tmp_path / "r"]))
+    err = one_line_error(capsys, main, [*argv[:1], "--config", tmp_path / "c.json", *argv[1:]]
+                         if main is pretrain else ["--config", tmp_path / "c.json", *argv], root=tmp_path)
+    assert "must be a table" in err
+
+
+@pytest.mark.parametrize("command", ["federate", "pretrain"])
+def test_an_internal_test_hook_is_not_a_setting(tmp_path, capsys, command):
+    """[run] stop_after stopped a user's run early with exit 0 (issue 42)."""
+    from federated.cli import main as federate
+    from pretrain.cli import main as pretrain
+
+    (tmp_path / "c.toml").write_text("[run]\nstop_after = 1\n")
+    argv = (["fps", "--config", tmp_path / "c.toml", *PRE, "--out", tmp_path / "p.ckpt"]
+            if command == "pretrain" else ["--config", tmp_path / "c.toml", *FED, "--out", tmp_path / "r"])
+    err = one_line_error(capsys, pretrain if command == "pretrain" else federate, argv, root=tmp_path)
+    assert "internal test hook" in err
+
+
+def test_config_replay_refuses_an_init_file_that_changed(tmp_path, capsys):
+    """federate --init p.ckpt --out g1; replace p.ckpt; federate --config g1/config.json trained from the
+    other weights without a word, though the record holds the file's sha256 (issue 42)."""
+    from federated.cli import main as federate
+
+    init = ckpt(tmp_path / "p.ckpt")
+    assert federate([*FED, "--rounds", "1", "--init", str(init), "--out", str(tmp_path / "g1")]) == 0
+    record = tmp_path / "g1" / "config.json"
+    assert federate(["--config", str(record), "--out", str(tmp_path / "same"), "--quiet"]) == 0
+    capsys.readouterr()
+    body = init.read_bytes()
+    init.write_bytes(body + b"\0")  # another file at the same path
+    err = one_line_error(capsys, federate, ["--config", record, "--out", tmp_path / "g1r"], root=tmp_path)
+    assert "not the file that run started from" in err and not (tmp_path / "g1r").exists()
+    init.write_bytes(body)
+    # an --init the user gives is the user's choice, and is not compared
+    assert federate(["--config", str(record), "--init", str(ckpt(tmp_path / "q.ckpt")), "--out",
+                     str(tmp_path / "mine"), "--quiet"]) == 0
+
+
+def test_self_pretraining_never_overwrites_its_out(tmp_path, capsys):
+    """federate self-pretrain --out FILE overwrote any file, a finished run's checkpoint included."""
+    from federated.cli import main as federate
+
+    target = tmp_path / "final.pt"
+    target.write_bytes(b"somebody's results")
+    argv = ["self-pretrain", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--width", "0.25",
+            "--quiet", "--out", target]
+    err = one_line_error(capsys, federate, argv, root=tmp_path)
+    assert "already exists and is not overwritten" in err and "--resume" not in err
+    assert target.read_bytes() == b"somebody's results"
+
+
+def test_self_pretraining_resumed_with_another_init_is_refused(tmp_path):
+    """Killed after round 1 and resumed with another --init: accepted before, and the checkpoint recorded
+    the new init though it was trained from the old (issue 42)."""
+    import dataclasses
+
+    from federated.experiment import FederateConfig
+    from federated.selfsup.config import SelfPretrainConfig, SelfPretrainOptions
+    from federated.selfsup.runner import run
+    from fpsfl.base.rundir import RunDirError
+    from tests.federated.test_selfsup import TINY_METHOD
+
+    first, other = ckpt(tmp_path / "a.ckpt"), ckpt(tmp_path / "b.ckpt", width=0.25)
+    other.write_bytes(other.read_bytes() + b"\0")
+    fed = FederateConfig(width=0.25, clients=2, partition="iid", seed=3, init=str(first))
+    sp = SelfPretrainConfig(rounds=2, local_epochs=1, batch_size=8, algo_args=TINY_METHOD)
+    opts = SelfPretrainOptions(device="cpu", progress=False, out=tmp_path / "sp.ckpt",
+                               run_dir=tmp_path / "sp.run", stop_after=1)
+    run(fed, sp, opts)
+    with pytest.raises(RunDirError, match="not the file this run started from"):
+        run(dataclasses.replace(fed, init=str(other)), sp,
+            dataclasses.replace(opts, resume=True, stop_after=None))
+    assert not (tmp_path / "sp.ckpt").exists()
