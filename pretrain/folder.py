@@ -82,6 +82,11 @@ def walk_images(directory: str) -> list[str]:
             if not is_image(name):
                 continue
             path = os.path.join(root, name)
+            try:  # os.walk hands on a name that is not UTF-8 with escapes; every later print would fail
+                path.encode()
+            except UnicodeEncodeError:
+                shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                raise FolderError(f"{shown!r}: a file name that is not valid UTF-8; rename it") from None
             key = os.path.realpath(path) if os.path.islink(path) else os.path.join(real, name)
             if key not in listed:
                 listed.add(key)

@@ -35,8 +35,27 @@ def lock_run(run: RunDir, mode: str, opts: RunOptions, stack: ExitStack) -> bool
                     "pass --resume to continue its run")
             raise RunDirError(f"--out {opts.out} already exists and is not overwritten; {held}, or choose "
                               f"another --out")
+    if not resume:
+        stack.push(_undo_out(run, Path(opts.out)))  # runs after the session's own clean-up (LIFO)
     stack.enter_context(run.session(resume))
     return resume
+
+
+def _undo_out(run: RunDir, out: Path):
+    """A new run that fails before its first state (a full disk while writing it, say) removes its run
+    directory (:meth:`RunDir.session`); it must take the --out and --keep-every files it wrote with it, or
+    they block the next attempt ("exists, pass --resume") while --resume finds no state (issue 42)."""
+    names = out_names(out)
+    folder = out.parent
+    before = {p.name for p in folder.iterdir() if names.fullmatch(p.name)} if folder.is_dir() else set()
+
+    def undo(exc_type, exc, tb) -> bool:
+        if exc_type is not None and not run.has_state() and out.parent.is_dir():
+            for path in out.parent.iterdir():
+                if names.fullmatch(path.name) and path.name not in before:
+                    path.unlink(missing_ok=True)
+        return False  # the error goes on
+    return undo
 
 
 # the files --out's lock guards: --out and its --keep-every copies (kept_path)

@@ -109,3 +109,48 @@ def test_self_pretraining_resumed_with_another_init_is_refused(tmp_path):
         run(dataclasses.replace(fed, init=str(other)), sp,
             dataclasses.replace(opts, resume=True, stop_after=None))
     assert not (tmp_path / "sp.ckpt").exists()
+
+
+def _full_disk_then_follow_the_message(tmp_path, capsys, monkeypatch, main, argv, finished, resume_argv):
+    """A full disk at every ``tmp`` write point of a run: one line (exit 1), no traceback, and the command
+    the line suggests (the same one, with --resume where the run saved a state) then finishes the run."""
+    from fpsfl.base import files
+
+    points = 0
+    for n in range(1, 40):
+        root = tmp_path / f"full-{n}"
+        root.mkdir()
+        files._events.clear()
+        monkeypatch.setenv(files.CRASH_ENV, f"full-tmp:{n}")
+        code = main([str(a) for a in argv(root)])
+        monkeypatch.delenv(files.CRASH_ENV)
+        err = capsys.readouterr().err
+        if code == 0:
+            break  # the run has fewer write points than n
+        points += 1
+        assert code == 1 and len(err.strip().splitlines()) == 1 and "no space left" in err, err
+        again = [*argv(root), *(resume_argv if any(root.rglob("state.pt")) else [])]
+        assert main([str(a) for a in again]) == 0, capsys.readouterr().err
+        assert finished(root) and not list(root.rglob(".*.tmp*"))
+    assert points >= 3
+
+
+def test_pretrain_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp_path, capsys, monkeypatch):
+    """Before issue 42: a traceback, and a run dead-ended between "exists, pass --resume" and "no training
+    state"."""
+    from fpsfl.base.checkpoint import load_checkpoint
+    from pretrain.cli import main as pretrain
+
+    _full_disk_then_follow_the_message(
+        tmp_path, capsys, monkeypatch, pretrain,
+        lambda root: ["fps", *PRE, "--epochs", "2", "--pairs-per-epoch", "16", "--out", root / "p.ckpt"],
+        lambda root: load_checkpoint(root / "p.ckpt")["epoch"] == 2, ["--resume"])
+
+
+def test_federate_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp_path, capsys, monkeypatch):
+    """Before issue 42: a traceback from torch's zip writer ("unexpected pos")."""
+    from federated.cli import main as federate
+
+    _full_disk_then_follow_the_message(
+        tmp_path, capsys, monkeypatch, federate, lambda root: [*FED, "--out", root / "r"],
+        lambda root: (root / "r" / "final.pt").is_file(), ["--resume"])

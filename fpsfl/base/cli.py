@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -121,6 +122,21 @@ def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
     except run_errors as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # the run's files stay consistent (atomic writes; a run without a first state leaves none)
+        print(f"{prog}: error: no space left on the device writing {exc.filename or 'a file'}; free some "
+              f"space, then run the same command again (with --resume if its run saved a first epoch or "
+              f"round)", file=sys.stderr)
+        return 1
+    except UnicodeEncodeError as exc:  # a file name that is not valid UTF-8 (os.walk hands it on escaped)
+        if exc.reason != "surrogates not allowed":
+            raise
+        shown = exc.object.encode("utf-8", "replace").decode()
+        print(f"{prog}: error: a file name that is not valid UTF-8: {shown[:200]!r}; rename it",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

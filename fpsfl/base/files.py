@@ -13,13 +13,16 @@ Test hook (the crash-point sweep, ``tests/test_crash_points.py``): every write r
 (the temporary file is complete, not yet renamed), ``replace`` (renamed), ``torn`` (half a line appended)
 and ``append`` (the whole line). With ``FPSFL_TEST_IO_LOG=FILE`` each event is logged to FILE as a JSON
 line; with ``FPSFL_TEST_CRASH=KIND:N`` the process SIGKILLs itself at its N-th event of KIND (``any`` counts
-every event; ``metrics`` is ``append``).
+every event; ``metrics`` is ``append``). ``FPSFL_TEST_CRASH=full-KIND:N`` raises the OSError of a full disk
+(ENOSPC) there instead: at ``tmp`` the temporary file is then removed as after a failed write, at ``torn``
+half the line stays (issue 42: a full disk is one line and leaves a run that ``--resume`` continues).
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import platform
@@ -77,12 +80,15 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` to ``path`` atomically. Saved through a file object: torch names the archive inside
     the zip after a file name, and the temporary name holds the PID, so the same object would give other
-    bytes in every process."""
+    bytes in every process. Serialised in memory first: torch's zip writer turns a failed write (a full
+    disk) into "unexpected pos" RuntimeErrors, while a plain write raises the OSError it is (issue 42)."""
     import torch
 
     def save(tmp: Path) -> None:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
         with tmp.open("wb") as f:
-            torch.save(obj, f)
+            f.write(buf.getbuffer())
     atomic_write(path, save)
 
 
@@ -179,8 +185,12 @@ def io_event(kind: str, path: Path, before_kill: Callable[[], Any] | None = None
         with open(log, "a") as f:
             f.write(json.dumps([kind, str(path)]) + "\n")
     want, _, n = (crash or "").partition(":")
+    full = want.startswith("full-")
+    want = want.removeprefix("full-")
     want = "append" if want == "metrics" else want
     if n.isdigit() and want in (kind, "any") and _events[want] == int(n):
         if before_kill is not None:
             before_kill()
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         os.kill(os.getpid(), signal.SIGKILL)
