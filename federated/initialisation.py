@@ -118,7 +118,7 @@ def places365_state(path: Path) -> dict[str, torch.Tensor]:
         raise InitError(f"--init places365:{path}: no 'state_dict' entry, so not the Places365 project's "
                         f"resnet18_places365.pth.tar (a plain state dict loads with --init-format "
                         f"torchvision)")
-    state = {k.removeprefix("module."): v for k, v in state.items()}
+    state = _tensors(state, f"--init places365:{path}")
     fc = state.get("fc.weight")
     if not isinstance(fc, torch.Tensor) or fc.shape[0] != PLACES365_CLASSES:
         shape = tuple(fc.shape) if isinstance(fc, torch.Tensor) else None
@@ -132,9 +132,30 @@ def _plain_state(path: Path) -> dict[str, torch.Tensor]:
     state = load_weights_only(path, "plain state-dict file (weights_only=True)", InitError)
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+    if not isinstance(state, dict):
         raise InitError(f"{path} does not hold a state dict of tensors")
+    return _tensors(state, str(path))
+
+
+def _tensors(state: dict, where: str) -> dict[str, torch.Tensor]:
+    """``state`` with DataParallel's ``module.`` prefixes removed, once every key is a name and every
+    value a tensor (issue 42: other entries were tracebacks)."""
+    for key, value in state.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise InitError(f"{where}: its state dict maps {key!r} to a {type(value).__name__}; a state dict "
+                            f"maps tensor names to tensors")
     return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def _finite(source: InitSource) -> InitSource:
+    """Refuse (one line) weights that hold NaN or inf: training from them diverges at once, and the error
+    then blamed the learning rate (issue 42)."""
+    state = source.checkpoint["backbone"] if source.checkpoint is not None else source.state or {}
+    bad = next((k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+    if bad is not None:
+        raise InitError(f"--init {source.spec}: {bad} holds NaN or infinite values; these weights cannot be "
+                        f"trained from")
+    return source
 
 
 def load_plain(backbone: nn.Module, path: Path, arch: str,
@@ -215,10 +236,10 @@ def resolve_init(init: str | InitSource, init_format: str = "fpsfl",
         return InitSource(init, "imagenet", path, file_sha256(path), _plain_state(path))
     path = init_file(init)
     if places365_file(init):
-        return InitSource(init, "places365", path, file_sha256(path), places365_state(path))
+        return _finite(InitSource(init, "places365", path, file_sha256(path), places365_state(path)))
     if init_format == "torchvision":
-        return InitSource(init, "torchvision", path, file_sha256(path), _plain_state(path))
-    return InitSource(init, "fpsfl", path, file_sha256(path), checkpoint=load_checkpoint(path))
+        return _finite(InitSource(init, "torchvision", path, file_sha256(path), _plain_state(path)))
+    return _finite(InitSource(init, "fpsfl", path, file_sha256(path), checkpoint=load_checkpoint(path)))
 
 
 def pretraining_size(init: str | InitSource, init_format: str = "fpsfl") -> int | None:

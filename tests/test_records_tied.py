@@ -154,3 +154,32 @@ def test_federate_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp
     _full_disk_then_follow_the_message(
         tmp_path, capsys, monkeypatch, federate, lambda root: [*FED, "--out", root / "r"],
         lambda root: (root / "r" / "final.pt").is_file(), ["--resume"])
+
+
+@pytest.mark.parametrize("case", ["non-tensor", "int-key"])
+def test_a_places365_file_with_other_entries_is_one_line(tmp_path, case):
+    """--init places365:F whose state dict holds a non-tensor value or a non-string key: tracebacks."""
+    import torch
+
+    from federated.initialisation import InitError, resolve_init
+    from recipes.smoke_data import write_places365
+
+    path = tmp_path / "resnet18_places365.pth.tar"
+    state = {f"module.{k}": v for k, v in write_places365(path).items()}
+    state.update({"module.extra": 3} if case == "non-tensor" else {7: torch.zeros(1)})
+    torch.save({"state_dict": state}, path)
+    with pytest.raises(InitError, match="a state dict maps tensor names to tensors"):
+        resolve_init(f"places365:{path}")
+
+
+def test_an_init_holding_nan_is_refused_for_what_it_is(tmp_path, capsys):
+    """NaN weights in --init ended with "try a lower --lr" (issue 42)."""
+    from federated.cli import main as federate
+    from fpsfl.base.checkpoint import load_checkpoint, save_checkpoint
+
+    path = ckpt(tmp_path / "p.ckpt")
+    record = load_checkpoint(path)
+    record["backbone"]["conv1.weight"][0, 0, 0, 0] = float("nan")
+    save_checkpoint(record, path)
+    err = one_line_error(capsys, federate, [*FED, "--init", path, "--out", tmp_path / "r"])
+    assert "conv1.weight holds NaN" in err and "--lr" not in err
