@@ -71,8 +71,8 @@ def test_federate_drops_the_files_algorithm_settings_for_another_algo(tmp_path):
 @pytest.mark.parametrize("text,says", [
     ("[federate]\nroundz = 3\n", "unknown key 'roundz'"),
     ("[federate]\nrounds = \"many\"\n", "setting 'rounds' must be a int"),
-    ("[federate]\nrounds = 0\n", "--rounds must lie in [1, inf)"),
-    ("[federate]\nalpha = -1\n", "alpha must lie in (0, inf)"),
+    ("[federate]\nrounds = 0\n", "[federate]: setting 'rounds' must lie in [1, inf)"),
+    ("[federate]\nalpha = -1\n", "'alpha' must lie in (0, inf)"),
     ("[federate.tracking]\nevery = \"x\"\n", "[federate.tracking]"),
     ("[algo]\nmu = 1\n", "fedavg has no setting 'mu'"),
     ("[run]\ndevice = \"tpu\"\n", "tpu"),

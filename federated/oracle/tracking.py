@@ -52,7 +52,7 @@ class TrackConfig:
                                          "paper's 300)", within="[1, inf)", group="search")
     bn_recompute: bool = setting(False, "re-estimate combined models' BatchNorm statistics on 2,000 training "
                                         "images instead of averaging them (slower)", group="search")
-    bn_samples: int = setting(2000, cli=False)  # training images for that re-estimation
+    bn_samples: int = setting(2000, cli=False, within="[1, inf)")  # training images for that re-estimation
     convex_lr: float = setting(ConvexConfig.lr, "SGD lr of the search on w, lambda = softmax(w) (Appendix "
                                                 "B.2)", within="(0, inf)", group="search")
     convex_epochs: int = setting(ConvexConfig.epochs, "search epochs over its data (Appendix B.2)",

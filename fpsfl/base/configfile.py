@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .settings import coerce, field_types
+from .settings import check_field, coerce, field_types
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -91,6 +91,7 @@ def typed(cls: type | Iterable[type], values: Mapping[str, Any], where: str,
         try:
             by_flag = parse is not None and isinstance(value, str)
             out[key] = parse(value) if by_flag else coerce(key, value, kind)
+            check_field(field, out[key], f"setting {key!r}")  # the interval and choices its flag checks
         except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
             raise ConfigFileError(f"{where}: {exc}") from None
     return out

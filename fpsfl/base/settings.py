@@ -83,19 +83,22 @@ def check(obj: Any, style: str = "flag") -> None:
     """Validate every field of ``obj`` that declares ``within`` or ``choices``; ValueError (one line) naming
     the flag (``style="flag"``, for command-line configs) or the setting (``"key"``, for --set configs)."""
     for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if value is None:
-            continue
-        name = flag_of(f) if style == "flag" else f"setting {f.name}"
-        within, choices = f.metadata.get("within"), choices_of(f)
-        items = value if isinstance(value, tuple) else (value,)
-        too_large = [v for v in items if not fits(v)]
-        if too_large:
-            raise ValueError(f"{name} is too large for int64 or float32, got {too_large[0]}")
-        if within and not all(in_interval(v, within) for v in items):
-            raise ValueError(f"{name} must lie in {within}, got {value!r}")
-        if choices is not None and not all(v in choices for v in items):
-            raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+        check_field(f, getattr(obj, f.name), flag_of(f) if style == "flag" else f"setting {f.name}")
+
+
+def check_field(f: dataclasses.Field, value: Any, name: str) -> None:
+    """:func:`check` of one field's ``value`` (None passes: it means the default)."""
+    if value is None:
+        return
+    within, choices = f.metadata.get("within"), choices_of(f)
+    items = value if isinstance(value, tuple) else (value,)
+    too_large = [v for v in items if not fits(v)]
+    if too_large:
+        raise ValueError(f"{name} is too large for int64 or float32, got {too_large[0]}")
+    if within and not all(in_interval(v, within) for v in items):
+        raise ValueError(f"{name} must lie in {within}, got {value!r}")
+    if choices is not None and not all(v in choices for v in items):
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
 
 
 def field_types(cls: type) -> dict[str, Any]:
@@ -138,8 +141,8 @@ def coerce(key: str, value: Any, kind: Any) -> Any:
             return int(text)
         if base is float:
             return float(text)
-        if base is str:
-            return str(value).strip()
+        if base is str and isinstance(value, str | int | float) and not isinstance(value, bool):
+            return str(value).strip()  # a number where a name is expected reads as that name (TOML: seed = 3)
     except ValueError:
         pass
     raise ValueError(f"setting {key!r} must be a {getattr(base, '__name__', base)}, got {value!r}")
