@@ -183,3 +183,46 @@ def test_an_init_holding_nan_is_refused_for_what_it_is(tmp_path, capsys):
     save_checkpoint(record, path)
     err = one_line_error(capsys, federate, [*FED, "--init", path, "--out", tmp_path / "r"])
     assert "conv1.weight holds NaN" in err and "--lr" not in err
+
+
+def _stopped_federate(root):
+    """A federate run killed after its first round (its state saved), and one killed before any state."""
+    import dataclasses
+
+    from federated import runner
+    from federated.cli import main as federate
+
+    real = runner.run
+    runner.run = lambda cfg, opts, *a, **k: real(cfg, dataclasses.replace(opts, stop_after=1), *a, **k)
+    try:
+        assert federate([*FED, "--out", str(root / "cut")]) == 0
+    finally:
+        runner.run = real
+    (root / "bare").mkdir()
+    (root / "bare" / "config.json").write_text((root / "cut" / "config.json").read_text())
+
+
+def test_every_pass_resume_message_is_a_command_that_then_works(tmp_path, capsys):
+    """Each refusal that says "pass --resume" is followed, and must then finish the run (issue 42)."""
+    from federated.cli import main as federate
+    from pretrain.cli import main as pretrain
+
+    _stopped_federate(tmp_path)
+    pre = ["fps", *PRE, "--epochs", "2", "--pairs-per-epoch", "16", "--out", tmp_path / "p.ckpt", "--resume",
+           "no"]
+    assert pretrain([str(a) for a in pre]) == 0
+    sp = ["self-pretrain", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--width", "0.25",
+          "--quiet", "--out", tmp_path / "sp.ckpt"]
+    assert federate([str(a) for a in sp]) == 0
+    capsys.readouterr()
+    cases = [(federate, [*FED, "--out", tmp_path / "cut"], tmp_path / "cut" / "final.pt"),
+             (federate, [*FED, "--out", tmp_path / "bare"], tmp_path / "bare" / "final.pt"),
+             (pretrain, pre, tmp_path / "p.ckpt"),
+             (federate, sp, tmp_path / "sp.ckpt")]
+    for main, argv, result in cases:
+        err = one_line_error(capsys, main, argv)
+        assert "pass --resume" in err, err
+        again = [*argv[:-1], "yes"] if argv[-2:] == ["--resume", "no"] else [*argv, "--resume"]
+        assert main([str(a) for a in again]) == 0, capsys.readouterr().err
+        assert result.is_file()
+        capsys.readouterr()  # the resumed run's notes
