@@ -27,11 +27,10 @@ import numpy as np
 from fpsfl.base.checkpoint import load_checkpoint
 from fpsfl.base.cli import TEXT
 from fpsfl.base.device import resolve_device
-from fpsfl.base.rundir import read_jsonl
 
 from .output import new_figure, output_dir, save_figure, write_json
 from .probe import add_probe_flags, check_checkpoints, mean_std, probe_checkpoint, probe_data, random_baseline
-from .runs import AnalysisError, Run, load_runs
+from .runs import AnalysisError, Run, load_runs, read_metrics
 
 SIGNALS = ("rankme", "z_std")  # the run's own per-epoch quality signals drawn beside the probes
 
@@ -51,8 +50,7 @@ def run_signals(path: str, epoch: int) -> dict[str, float]:
     metrics = p.with_name(re.sub(r"\.e\d{4,}$", "", p.stem) + ".run") / "metrics.jsonl"
     if not metrics.is_file():
         return {}
-    rows, _ = read_jsonl(metrics, AnalysisError)  # a torn last line: that epoch's signals are missing
-    for record in rows:
+    for record in read_metrics(metrics.parent, "pretrain", "epoch"):  # a torn last line: no signals
         if record.get("epoch") == epoch:
             return {k: float(record[k]) for k in SIGNALS if k in record}
     return {}

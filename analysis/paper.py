@@ -13,7 +13,9 @@ table has the paper's rows (inits) and columns:
 A run's row is its init's label (random, imagenet, places365, or the checkpoint's file stem) mapped by
 ``--row LABEL=ROW`` (random, imagenet and places365 map to Random, ImageNet and Places365 unless told
 otherwise). Runs of one cell are pooled over seeds as mean ± sample std; every cell shows the paper's number
-beside it, and a measured row the paper lacks is listed after the paper's rows.
+beside it, and a measured row the paper lacks is listed after the paper's rows. A cell whose runs were made
+from different inputs (another --init file, lr, any recorded setting but the seed: :func:`.cells.inputs_of`)
+is refused in one line: a paper cell is one setting.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cells import CL_IGNORED, IGNORED, MISSING, Cell, Entry, init_label, pool_notes
+from .cells import CL_IGNORED, IGNORED, MISSING, Cell, Entry, check_pooled, init_label, pool_notes
 from .runs import AnalysisError
 
 PAPER_CSV = Path(__file__).with_name("paper_numbers.csv")
@@ -159,7 +161,9 @@ def build_paper(key: str, entries: Sequence[tuple], rows: dict[str, str]) -> Pap
     cells = {k: Cell(v) for k, v in grouped.items()}
     notes = []
     for (row, column), cell in cells.items():
-        notes += pool_notes(cell, CL_IGNORED if column == "Centralised" else IGNORED, f"{row} / {column}")
+        ignored = CL_IGNORED if column == "Centralised" else IGNORED
+        check_pooled(cell, ignored, f"--paper {key}: {row} / {column}")  # one setting a cell, never two
+        notes += pool_notes(cell, f"{row} / {column}")
     if extra:
         notes.append(f"rows the paper does not have: {', '.join(extra)} (map an init label to a paper row "
                      f"with --row LABEL=ROW)")

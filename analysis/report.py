@@ -3,7 +3,10 @@
 The metric is the final round's ``test_acc`` in percent (mIoU for segmentation runs, §4.5). Runs are grouped
 by setting (dataset, architecture, partition, clients, participation, local epochs, rounds, algorithm) and
 init; runs that differ only in their seed are pooled as "mean ± std (n=K)" with the sample std (ddof 1).
-A centralised run (``--centralized``) is the CL column of every federated setting that matches it in all but
+Runs of one init made from other inputs (another --init file, sha256 and all, another lr, algorithm setting
+or any recorded setting but the seed and where files lie) are never pooled: each set is its own row,
+labelled by the inputs that tell the rows apart, e.g. "fps (init sha256 3f2a9c1e0b7d)" or "random (lr 0.01)".
+A centralised run (``--centralized``) is the CL column of every federated row that matches it in all but
 algorithm and participation. ΔCL-FL is CL − FL of the means. Missing cells are "–".
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from federated.partitions import headline
@@ -20,9 +23,21 @@ from fpsfl.base.cli import TEXT
 from fpsfl.base.files import atomic_write
 
 from . import paper
-from .cells import CL_IGNORED, IGNORED, MISSING, Cell, Entry, init_label, pool_notes
+from .cells import (
+    CL_IGNORED,
+    IGNORED,
+    MISSING,
+    UNRECORDED,
+    Cell,
+    Entry,
+    differing,
+    init_label,
+    input_text,
+    inputs_of,
+    pool_notes,
+)
 from .output import OUT_HELP, output_dir, write_json
-from .runs import AnalysisError, Run, load_runs
+from .runs import AnalysisError, Run, load_runs, resume_command
 
 
 @dataclass
@@ -31,6 +46,7 @@ class Row:
     label: str
     federated: Cell | None
     centralised: Cell | None
+    inputs: dict[str, Any] = field(default_factory=dict)  # what tells it from the other rows of its init
 
     @property
     def delta(self) -> float | None:
@@ -68,8 +84,52 @@ def _init_order(inits: Iterable[str]) -> list[str]:
     return [i for i in first if i in seen] + [i for i in seen if i not in first]
 
 
+def _groups(entries: list[Entry], ignored: frozenset[str]) -> list[tuple[dict, list[Entry]]]:
+    """The entries as groups of equal inputs (:func:`inputs_of`), in order of first appearance."""
+    groups: dict[str, tuple[dict, list[Entry]]] = {}
+    for e in entries:
+        inputs = inputs_of(e, ignored)
+        groups.setdefault(repr(sorted(inputs.items())), (inputs, []))[1].append(e)
+    return list(groups.values())
+
+
+def _cl_view(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A federated row's inputs as a centralised run records them (no federation, no algorithm)."""
+    return {k: v for k, v in inputs.items() if k.split(".")[0] not in CL_IGNORED}
+
+
+def _init_rows(init: str, fl: list[Entry], cl: list[Entry]) -> list[tuple[dict, list | None, list | None]]:
+    """(inputs, federated entries, centralised entries) of each row of one init: a row per set of federated
+    inputs, with the centralised runs that match them; centralised runs that match none, their own rows."""
+    cl_groups = _groups(cl, CL_IGNORED)
+    rows, used = [], set()
+    for inputs, entries in _groups(fl, IGNORED):
+        match = next((j for j, (c, _) in enumerate(cl_groups) if c == _cl_view(inputs)), None)
+        rows.append((inputs, entries, cl_groups[match][1] if match is not None else None))
+        used.add(match)
+    rows += [(inputs, None, entries) for j, (inputs, entries) in enumerate(cl_groups) if j not in used]
+    return rows
+
+
+def _labelled(base: str, parts: list[tuple[dict, list | None, list | None]]) -> list[tuple]:
+    """(the inputs that tell it apart, label, federated entries, centralised entries) of each row of one
+    init: the base label, with the inputs whose values differ among its rows when it has several; if those
+    leave two labels alike, with the inputs some rows do not record too ("lr unrecorded")."""
+    inputs = [i for i, _, _ in parts]
+    for absent in (False, True):
+        apart = differing(inputs, absent) if len(parts) > 1 else []
+        told = [{k: i.get(k, UNRECORDED) for k in apart if k in i or absent} for i in inputs]
+        labels = [f"{base} ({', '.join(input_text(k, v) for k, v in t.items())})" if t else base
+                  for t in told]
+        if len(set(labels)) == len(labels):
+            break
+    return [({k: None if v is UNRECORDED else v for k, v in t.items()}, label, fl, cl)
+            for t, label, (_, fl, cl) in zip(told, labels, parts, strict=True)]
+
+
 def build_tables(entries: Sequence[tuple]) -> list[Table]:
-    """One table per setting (order of first appearance), rows = inits, from (config, final acc[, name])."""
+    """One table per setting (order of first appearance), rows = inits, from (config, final acc[, name[,
+    recorded inputs]]); runs of one init made from other inputs are separate rows."""
     entries = [Entry(*e) for e in entries]
     fl: dict[tuple, dict[str, list[Entry]]] = {}
     cl: dict[tuple, dict[str, list[Entry]]] = {}
@@ -85,14 +145,16 @@ def build_tables(entries: Sequence[tuple]) -> list[Table]:
         fl_cells, cl_cells = fl.get(setting, {}), cl.get(_cl_key(setting), {})
         rows, notes = [], []
         for init in _init_order([*fl_cells, *cl_cells]):
-            label = init if labels[init] in clashes else labels[init]
-            row = Row(init, label, Cell(fl_cells[init]) if init in fl_cells else None,
-                      Cell(cl_cells[init]) if init in cl_cells else None)
-            if row.federated:
-                notes += pool_notes(row.federated, IGNORED, f"{label} / Federated")
-            if row.centralised:
-                notes += pool_notes(row.centralised, CL_IGNORED, f"{label} / Centralised")
-            rows.append(row)
+            base = init if labels[init] in clashes else labels[init]
+            parts = _init_rows(init, fl_cells.get(init, []), cl_cells.get(init, []))
+            for told, label, fl_entries, cl_entries in _labelled(base, parts):
+                row = Row(init, label, Cell(fl_entries) if fl_entries else None,
+                          Cell(cl_entries) if cl_entries else None, told)
+                if row.federated:
+                    notes += pool_notes(row.federated, f"{label} / Federated")
+                if row.centralised:
+                    notes += pool_notes(row.centralised, f"{label} / Centralised")
+                rows.append(row)
         tables.append(Table(dict(setting), rows, notes))
     return tables
 
@@ -132,20 +194,21 @@ def to_markdown(tables: Sequence[Table], title: bool = True, level: int = 2) -> 
 def to_json(tables: Sequence[Table]) -> dict:
     return {"metric": "final-round test_acc x 100 (mIoU for segmentation)", "tables": [
         {"heading": heading(t.setting), "setting": t.setting, "notes": t.notes, "rows": [
-            {"init": r.init, "label": r.label, "delta_cl_fl": r.delta,
+            {"init": r.init, "label": r.label, "inputs": r.inputs, "delta_cl_fl": r.delta,
              "federated": r.federated.record() if r.federated else None,
              "centralised": r.centralised.record() if r.centralised else None} for r in t.rows]}
         for t in tables]}
 
 
 def final_entry(run: Run) -> Entry:
-    """The run's config and its final round's test_acc; unfinished runs are refused."""
+    """The run's config, its final round's test_acc and its recorded inputs; unfinished runs are refused."""
     rows = run.rows_with("test_acc")
     if not rows or rows[-1]["round"] < run.config.rounds:
         done = rows[-1]["round"] if rows else 0
-        raise AnalysisError(f"{run.path}: {done} of {run.config.rounds} rounds done; finish it with federate "
-                            f"--resume --out {run.path}, or leave it out of the report")
-    return Entry(run.config, float(rows[-1]["test_acc"]), run.name)
+        raise AnalysisError(f"{run.path}: {done} of {run.config.rounds} rounds done; finish it with "
+                            f"{resume_command(run.path)}, or leave it out of the report")
+    recorded = {k: run.record[k] for k in ("init_sha256", "algo") if k in run.record}
+    return Entry(run.config, float(rows[-1]["test_acc"]), run.name, recorded)
 
 
 def run_report(args: argparse.Namespace) -> None:

@@ -3,14 +3,22 @@
 A run directory (written by ``federate``) holds ``config.json``, ``metrics.jsonl``, ``final.pt`` and,
 when asked for, ``local/round_NNNN/client_MMM.pt``. Everything that cannot be used gets an
 :class:`AnalysisError` whose one-line message says what to re-run.
+
+Every analysis reads ``metrics.jsonl`` through :func:`read_metrics` (pretrain's and self-pre-training's run
+directories too): only the lines ``state.pt`` vouches for (their sha256, which the run recorded as it wrote
+them), each value a finite number. A file edited since, or a NaN or infinite value, is refused in one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+import math
+import sys
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,7 +26,7 @@ from federated.experiment import FederateConfig
 from federated.setup import Setup, setup
 from fpsfl.base.checkpoint import load_weights_only
 from fpsfl.base.device import resolve_device
-from fpsfl.base.rundir import missing_steps, read_jsonl, step_ranges
+from fpsfl.base.rundir import STATE, digest_matches, jsonl_lines, missing_steps, recorded_digest, step_ranges
 
 
 class AnalysisError(ValueError):
@@ -31,6 +39,7 @@ class Run:
     name: str  # the directory name, used as the label in figures and tables
     config: FederateConfig
     metrics: list[dict]
+    record: dict[str, Any] = field(default_factory=dict)  # config.json's config: init_sha256, algo, ...
 
     def rows_with(self, key: str) -> list[dict]:
         return [r for r in self.metrics if key in r]
@@ -56,7 +65,7 @@ class Run:
         path = self.path / "final.pt"
         if not path.is_file():
             raise AnalysisError(f"{self.path}: no final.pt (the run did not finish); finish it with "
-                                f"federate --resume --out {self.path}")
+                                f"{resume_command(self.path)}")
         final = load_weights_only(path, "final model (final.pt)", AnalysisError)
         if not isinstance(final, dict) or not isinstance(final.get("model"), dict):
             raise AnalysisError(f"{path} is not a valid final model (final.pt): it has no 'model' entry")
@@ -69,39 +78,163 @@ def _state_dict(obj, path: Path) -> dict:
     return obj
 
 
+def resume_command(path: Path) -> str:
+    """The command that finishes a federate run: its settings come from its config.json (a bare
+    ``federate --resume`` would compare the defaults with them and refuse)."""
+    return f"federate --config {path / 'config.json'} --resume --out {path}"
+
+
 def load_run(path: str | Path) -> Run:
     path = Path(path)
     config_path, metrics_path = path / "config.json", path / "metrics.jsonl"
     if not config_path.is_file() or not metrics_path.is_file():
         raise AnalysisError(f"{path} is not a federate run directory (no config.json / metrics.jsonl); "
                             f"make one with federate --out {path}")
+    _not_federate(path, config_path)
     try:
         record = json.loads(config_path.read_text())["config"]
         config = FederateConfig.from_dict(record["federate"])
     except (KeyError, TypeError, ValueError) as exc:
         raise AnalysisError(f"{config_path}: unreadable ({exc}); re-run federate into a new "
                             f"directory") from None
-    metrics, _ = read_jsonl(metrics_path, AnalysisError)  # a torn last line (a crashed run) is left out
+    rounds = _final_rounds(path)  # final.pt first: a broken one is named before the state that vouches
+    metrics = read_metrics(path, "federate", "round")  # a torn last line (a crashed run) is left out
     if not metrics:
         raise AnalysisError(f"{path}: no finished round in metrics.jsonl; run or resume it first")
-    missing = missing_steps(metrics, _rounds_done(path, metrics))
+    missing = missing_steps(metrics, rounds if rounds is not None else max(int(r["round"]) for r in metrics))
     if missing:  # a finished run whose last line was torn, or a line lost: never read as a shorter run
         raise AnalysisError(f"{metrics_path} has no line for round(s) {step_ranges(missing)} of a run that "
                             f"finished them; their metrics are lost: re-run federate into a new directory")
-    return Run(path, path.name, config, metrics)
+    return Run(path, path.name, config, metrics, record)
 
 
-def _rounds_done(path: Path, metrics: list[dict]) -> int:
-    """The rounds the run finished: those of the config final.pt was written with (only once its last round
-    was), else the last round logged."""
+def _not_federate(path: Path, config_path: Path) -> None:
+    """Refuse, saying what it is, a run directory of another command: federated self-pre-training (which
+    ``FederateConfig.from_dict`` would read as a federate run of the default 100 rounds, none done) or
+    pretrain. An unreadable config.json is left to the caller."""
+    try:
+        saved = json.loads(config_path.read_text())
+        record, run = saved["config"], saved.get("run")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+    if not isinstance(record, dict):
+        return
+    run = run if isinstance(run, dict) else {}
+    ckpt = str(run.get("out", "its --out"))
+    there = Path(ckpt).is_file()
+    probe = f" (analyze probe {ckpt} probes the checkpoint itself)" if there else ""
+    if "self_pretrain" in record:
+        made = (f"it wrote the backbone checkpoint {ckpt} for federate --init" if there else
+                f"it has not yet written its backbone checkpoint {ckpt} for federate --init (its rounds are "
+                f"not done: continue it with the flags it started with and --resume)")
+        raise AnalysisError(f"{path} is a federated self-pre-training run (federate self-pretrain), not a "
+                            f"federate run: it trains no classifier and has no test accuracy to analyse; "
+                            f"{made}; analyse the federate runs started from it{probe}")
+    if "federate" not in record and "pretrain" in record:
+        raise AnalysisError(f"{path} is a pretrain run directory, not a federate run: its output is the "
+                            f"checkpoint {ckpt} for federate --init: analyse the federate runs started from "
+                            f"it{probe}")
+
+
+def run_kind(path: Path) -> tuple[str, str]:
+    """(the command that wrote a run directory, its unit): federate / federate self-pretrain (rounds) or
+    pretrain (epochs); federate for an unreadable config.json."""
+    try:
+        record = json.loads((path / "config.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "federate", "round"
+    if "self_pretrain" in record:
+        return "federate self-pretrain", "round"
+    pretrain = "pretrain" in record and "federate" not in record
+    return ("pretrain", "epoch") if pretrain else ("federate", "round")
+
+
+def read_metrics(path: Path, command: str, unit: str) -> list[dict]:
+    """The metrics lines of run directory ``path`` that its ``state.pt`` vouches for (``command`` and
+    ``unit``: what wrote it, for the messages). Refused in one line: a line of a round (epoch) the state
+    counts that is lost or torn; lines that no longer match the digest the state recorded of them; a value
+    that is not a finite number. A torn last line of an unfinished round is left out, and so are lines after
+    those the state counts (a run killed before it saved their state), with a warning. Runs from before the
+    digest was recorded are read unverified, with a warning."""
+    metrics_path = path / "metrics.jsonl"
+    lines, torn = jsonl_lines(metrics_path, AnalysisError)
+    state_path = path / STATE
+    if state_path.is_file():
+        state = _state(state_path)
+        missing = missing_steps([row for _, _, row in lines], int(state.get("done", 0)))
+        if missing:
+            how = "its last line is torn" if torn else "a line was lost"
+            raise AnalysisError(f"{metrics_path} has no line for {unit}(s) {step_ranges(missing)} of a run "
+                                f"that finished them ({how}); their metrics are lost: re-run {command} into "
+                                f"a new directory")
+        recorded = recorded_digest(state)
+        if recorded is None:
+            _warn(f"{path}: its {STATE} records no digest of metrics.jsonl (a run from before digests were "
+                  f"recorded), so an edit of its lines cannot be detected")
+        elif not digest_matches([text for _, text, _ in lines], recorded):
+            raise AnalysisError(f"{metrics_path} is not what the run wrote: its lines do not match the "
+                                f"digest {STATE} recorded of them (edited since?); restore the file as the "
+                                f"run wrote it, or re-run {command} into a new directory")
+        elif len(lines) > recorded[1]:
+            left = lines[recorded[1]:]
+            _warn(f"{metrics_path}: line(s) {', '.join(str(n) for n, _, _ in left)} come after the "
+                  f"{recorded[1]} that {STATE} counts (written by a run killed before it saved their state, "
+                  f"or added since): left out, as --resume drops them")
+            lines = lines[:recorded[1]]
+    elif lines:
+        _warn(f"{path}: no {STATE}, so nothing vouches for metrics.jsonl (a run killed before it saved its "
+              f"first state, or a folder no run wrote): its lines are read unverified")
+    for number, _, row in lines:
+        bad = _not_finite(row)
+        if bad is not None:
+            key, value = bad
+            where = f" ({unit} {row[unit]})" if unit in row else ""
+            raise AnalysisError(f"{metrics_path}, line {number}{where}: {key} is {json.dumps(value)}, not a "
+                                f"finite number; the run has no such result to report: leave it out, or "
+                                f"re-run {command} into a new directory")
+    return [row for _, _, row in lines]
+
+
+def _state(path: Path) -> dict:
+    """state.pt, its tensors mapped rather than read (only the digest and the count are wanted)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # an old-format, truncated or foreign file: load_weights_only's one line, or the state
+        state = load_weights_only(path, "run state (state.pt)", AnalysisError)
+    if not isinstance(state, dict) or "done" not in state:
+        raise AnalysisError(f"{path} is not a valid run state (state.pt): it has no 'done' entry")
+    return state
+
+
+def _not_finite(value: Any, key: str = "") -> tuple[str, float] | None:
+    """(the dotted key, the value) of the first NaN or infinite number in a metrics line, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return key, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        bad = _not_finite(v, f"{key}.{k}" if key else str(k))
+        if bad is not None:
+            return bad
+    return None
+
+
+def _warn(message: str) -> None:
+    print(f"analyze: warning: {message}", file=sys.stderr)
+
+
+def _final_rounds(path: Path) -> int | None:
+    """The rounds a finished run did: those of the config final.pt was written with (only once its last
+    round was); None without final.pt (then the run did the rounds it logged)."""
     final = path / "final.pt"
-    if final.is_file():
-        record = load_weights_only(final, "final model (final.pt)", AnalysisError)
-        try:
-            return int(record["config"]["federate"]["rounds"])
-        except (KeyError, TypeError, ValueError):
-            raise AnalysisError(f"{final} has no federate config; re-run federate") from None
-    return max(int(r["round"]) for r in metrics)
+    if not final.is_file():
+        return None
+    record = load_weights_only(final, "final model (final.pt)", AnalysisError)
+    try:
+        return int(record["config"]["federate"]["rounds"])
+    except (KeyError, TypeError, ValueError):
+        raise AnalysisError(f"{final} has no federate config; re-run federate") from None
 
 
 def load_runs(paths: list[str]) -> list[Run]:

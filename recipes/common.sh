@@ -99,8 +99,10 @@ pretrained() {  # pretrained CKPT EPOCHS PRETRAIN-ARGS... -> prints CKPT, made (
     shift 2
     if started "${ckpt%.ckpt}.run" || ! finished "$ckpt" "$epochs"; then
         started "${ckpt%.ckpt}.run" && resume=(--resume)  # checked against its record; continued if cut
-        pretrain "$@" --epochs "$epochs" "${PT_FLAGS[@]}" "${resume[@]}" --device "$DEVICE" --out "$ckpt" >&2 ||
-            return 1
+        local said=/dev/stderr
+        finished "$ckpt" "$epochs" && said=/dev/null  # finished: checked only; its result line not repeated
+        pretrain "$@" --epochs "$epochs" "${PT_FLAGS[@]}" "${resume[@]}" --device "$DEVICE" --out "$ckpt" \
+            > "$said" || return 1
     fi
     echo "$ckpt"
 }
@@ -121,11 +123,12 @@ fl() {  # fl OUTDIR FEDERATE-ARGS...: a federate run with the scale's rounds and
     # continued with --resume once started. A finished run is not skipped on its final.pt alone (issue 42):
     # federate --resume compares the settings and the --init file's sha256 with the run's record, refuses
     # (exit 2) a run made otherwise, and on a finished run only prints its result again
-    local out=$1 resume=()
+    local out=$1 resume=() quiet=/dev/stdout
     shift
     started "$out" && resume=(--resume)
+    [ -f "$out/final.pt" ] && quiet=/dev/null  # finished: checked, not retrained; its result line not repeated
     federate --rounds "$ROUNDS" --local-epochs "$LOCAL_EPOCHS" "$@" "${FL_FLAGS[@]}" "${resume[@]}" \
-        --device "$DEVICE" --out "$out"
+        --device "$DEVICE" --out "$out" > "$quiet"
 }
 
 report() {  # report NAME ANALYZE-REPORT-ARGS...: the table in $OUT/NAME (report.md, report.json)

@@ -1,7 +1,8 @@
 """The crash-point sweep (issue 31): run a command once, logging every file operation it makes through the
 I/O helpers of :mod:`fpsfl.base.files`; then, for each operation, run it again killed (SIGKILL) at that
 operation and ``--resume`` it. The resumed run must end with the uninterrupted run's artifacts bit for bit
-(metrics without their timings), claim what its files hold, and leave no temporary file behind.
+(metrics without their timings; the run state without the digest of its metrics lines, which differs with the
+timings and must match the run's own lines), claim what its files hold, and leave no temporary file behind.
 
 Runs are forks of the test process (the imports are paid once), each with its own output files; the kill is
 the hook ``FPSFL_TEST_CRASH=any:N`` (the process kills itself at its N-th file event).
@@ -9,6 +10,7 @@ the hook ``FPSFL_TEST_CRASH=any:N`` (the process kills itself at its N-th file e
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -18,7 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from fpsfl.base.files import CRASH_ENV, LOG_ENV
+from fpsfl.base.rundir import DIGEST, STATE, digest_matches, jsonl_lines, recorded_digest
 
 TIMINGS = {"seconds", "pairs_per_s", "data_wait", "augment_frac", "compute_frac"}  # differ run to run
 LOCKS = re.compile(r"^(\.lock|\..+\.lock)$")
@@ -61,9 +66,21 @@ def forked(main: Callable[[list[str]], int], argv: list[str], env: dict[str, str
     return Result(code, out.read_text(), err.read_text())
 
 
+def _state(path: Path) -> bytes:
+    """A run state's bytes without the digest of its metrics lines (asserted to match them first): that
+    digest covers the lines' timings, which differ run to run."""
+    state = torch.load(path, weights_only=True)
+    lines = [text for _, text, _ in jsonl_lines(path.with_name("metrics.jsonl"))[0]]
+    assert digest_matches(lines, recorded_digest(state)), f"{path}: its digest does not match metrics.jsonl"
+    buffer = io.BytesIO()
+    torch.save({k: v for k, v in state.items() if k != DIGEST}, buffer)
+    return buffer.getvalue()
+
+
 def artifacts(root: Path) -> dict[str, object]:
     """{relative path: comparable content} of every file under ``root`` but locks: bytes, except
-    metrics.jsonl (rows without their timings) and config.json (its config, not when and how it ran)."""
+    metrics.jsonl (rows without their timings), config.json (its config, not when and how it ran) and a run
+    state (without the digest of its metrics lines, :func:`_state`)."""
     found = {}
     for path in sorted(root.rglob("*")):
         if not path.is_file() or LOCKS.match(path.name):
@@ -74,6 +91,8 @@ def artifacts(root: Path) -> dict[str, object]:
             found[name] = [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]
         elif path.name == "config.json":
             found[name] = json.loads(path.read_text())["config"]
+        elif path.name == STATE:
+            found[name] = _state(path)
         else:
             found[name] = path.read_bytes()
     return found

@@ -124,3 +124,5 @@ def test_an_interrupted_federated_run_is_resumed_and_a_finished_one_skipped(tmp_
     again = _source(tmp_path, f'fl "{out}" --width 0.25 --clients 3')
     assert again.returncode == 0 and again.stdout == ""
     assert (out / "metrics.jsonl").read_text().splitlines() == lines
+    other = _source(tmp_path, f'fl "{out}" --width 0.25 --clients 3 --lr 0.5')  # issue 42: not taken as done
+    assert other.returncode == 2 and "lr differ(s)" in other.stderr

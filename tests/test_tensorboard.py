@@ -11,7 +11,7 @@ import pytest
 
 from analysis.cli import main as analyze
 from federated.cli import main as federate
-from fpsfl.base.tensorboard import ScalarWriter, scalars
+from fpsfl.base.tensorboard import ScalarWriter, run_log_dir, scalars
 from pretrain.cli import main as pretrain
 from tests.test_robustness import FED, PRE, one_line_error
 
@@ -53,7 +53,7 @@ def tracked_run(tmp_path_factory):
 
 
 def test_federate_writes_every_metrics_line_while_it_runs(tracked_run):
-    got = events(tracked_run / "live" / "fed")
+    got = events(run_log_dir(tracked_run / "live", tracked_run / "fed"))
     assert_same(got, expected(tracked_run / "fed", "round"))
     assert {"test_acc", "train_loss", "local_acc", "convex/convex_acc", "variance/var"} <= got.keys()
     assert [s for s, _ in got["test_acc"]] == [1, 2] and [s for s, _ in got["variance/var"]] == [2]
@@ -61,8 +61,8 @@ def test_federate_writes_every_metrics_line_while_it_runs(tracked_run):
 
 def test_analyze_tensorboard_writes_the_same_events_after_the_fact_with_the_gains(tracked_run):
     assert analyze(["tensorboard", str(tracked_run / "fed"), "--out", str(tracked_run / "after")]) == 0
-    got = events(tracked_run / "after" / "fed")
-    live = events(tracked_run / "live" / "fed")
+    got = events(run_log_dir(tracked_run / "after", tracked_run / "fed"))
+    live = events(run_log_dir(tracked_run / "live", tracked_run / "fed"))
     assert {tag: got[tag] for tag in live} == live
     rows = [json.loads(x) for x in (tracked_run / "fed" / "metrics.jsonl").read_text().splitlines()]
     d_global = [r["test_acc"] - r["local_acc"] for r in rows]  # Eq. 3: ΔG = Acc(global) - mean local acc
@@ -75,7 +75,7 @@ def test_pretrain_writes_its_epochs_and_rankme(tmp_path):
     argv = ["fps", *PRE, "--epochs", "2", "--pairs-per-epoch", "16", "--out", str(out), "--tensorboard",
             str(tmp_path / "tb")]
     assert pretrain(argv) == 0
-    got = events(tmp_path / "tb" / "fps.run")
+    got = events(run_log_dir(tmp_path / "tb", tmp_path / "fps.run"))
     assert_same(got, expected(tmp_path / "fps.run", "epoch"))
     assert {"loss", "rankme", "z_std", "lr"} <= got.keys() and [s for s, _ in got["loss"]] == [1, 2]
 
@@ -109,9 +109,33 @@ def test_analyze_tensorboard_bad_input_is_one_line(tmp_path, capsys):
     for parent in ("a", "b"):
         (tmp_path / parent / "x").mkdir(parents=True)
         (tmp_path / parent / "x" / "metrics.jsonl").write_text('{"round": 1, "test_acc": 0.5}\n')
-    err = one_line_error(capsys, analyze, ["tensorboard", tmp_path / "a" / "x", tmp_path / "b" / "x", "--out",
-                                           tmp_path / "tb"])
-    assert "two runs are named 'x'" in err
+    assert analyze([str(a) for a in ("tensorboard", tmp_path / "a" / "x", tmp_path / "b" / "x", "--out",
+                                     tmp_path / "tb")]) == 0
+    capsys.readouterr()
+    err = one_line_error(capsys, analyze, ["tensorboard", tmp_path / "b" / "x", "--out", tmp_path / "tb"])
+    assert "already holds" in err  # a second export never overwrites the first
+
+
+def test_two_runs_of_the_same_name_keep_their_own_curves(tmp_path):
+    """e1/x and e2/x with one --tensorboard root (issue 42): each run its own folder, so the second's purge
+    of the steps it writes cannot delete the first's curve."""
+    for parent in ("e1", "e2"):
+        argv = [*FED, "--out", str(tmp_path / parent / "x"), "--tensorboard", str(tmp_path / "tb")]
+        assert federate(argv) == 0
+    folders = sorted(p.name for p in (tmp_path / "tb").iterdir())
+    assert len(folders) == 2 and all(f.startswith("x-") for f in folders)
+    for parent in ("e1", "e2"):
+        got = events(run_log_dir(tmp_path / "tb", tmp_path / parent / "x"))
+        assert_same(got, expected(tmp_path / parent / "x", "round"))
+
+
+def test_self_pretraining_writes_its_rounds(tmp_path):
+    """federate self-pretrain --tensorboard wrote nothing (issue 42)."""
+    argv = ["self-pretrain", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--width", "0.25",
+            "--quiet", "--out", str(tmp_path / "sp.ckpt"), "--tensorboard", str(tmp_path / "tb")]
+    assert federate(argv) == 0
+    got = events(run_log_dir(tmp_path / "tb", tmp_path / "sp.run"))
+    assert_same(got, expected(tmp_path / "sp.run", "round"))
 
 
 @pytest.mark.parametrize("main, base", [(federate, FED), (pretrain, ["fps", *PRE])],

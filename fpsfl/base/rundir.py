@@ -13,10 +13,15 @@ torn last line, also dropped (with a one-line notice). A run that fails before i
 leaves nothing behind; one killed then (SIGKILL, power loss) leaves its config.json, and ``--resume`` starts
 it again. Temporary files of writers killed before their rename are removed when the lock is taken. The
 crash-point sweep (``tests/test_crash_points.py``) kills a run at each of its writes and checks all this.
+
+Each state also records a digest of the metrics lines it counts (``metrics_sha256``, the sha256 of the first
+``metrics_lines`` lines of ``metrics.jsonl`` as written, kept running as lines are appended), so that an edit
+of the file is found: ``--resume`` and ``analyze`` refuse a file whose lines no longer match it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -41,6 +46,8 @@ from .tensorboard import ScalarWriter, check_log_dir, run_log_dir
 STATE = "state.pt"
 LOCK = ".lock"
 FINAL = "final.pt"  # a finished federated run's model (federated.runner)
+# state.pt's record of the metrics lines it counts: the sha256 of those lines as written, and their number
+DIGEST, DIGEST_LINES = "metrics_sha256", "metrics_lines"
 # the files a run writes (federate's partition report and --save-local-models too, and the writable-folder
 # probe): only their temporary files are removed, so a run directory made in a user's folder touches nothing
 # else of it
@@ -61,10 +68,11 @@ class RunFlags:
     resume: bool = setting(False, "continue the run in the run directory from its last finished epoch or "
                                   "round", group="run")
     progress: bool = setting(True, "no progress bar or per-epoch lines", flag="--quiet", group="run")
-    stop_after: int | None = setting(None, cli=False)  # stop after this many epochs/rounds (--resume tests)
+    # stop after this many epochs/rounds (--resume tests); internal: never read from a user's config file
+    stop_after: int | None = setting(None, cli=False, internal=True)
     tensorboard: Path | None = setting(None, "also write every metrics line as TensorBoard scalars while the "
-                                             "run goes, into DIR/<run directory's name> (needs pip install "
-                                             "'fpsfl[tensorboard]'; metrics.jsonl stays the record)",
+                                             "run goes, into DIR/<run directory's name>-<hash> (needs pip "
+                                             "install 'fpsfl[tensorboard]'; metrics.jsonl stays the record)",
                                        parse=Path, metavar="DIR", group="run", default_text="none")
 
 
@@ -84,7 +92,15 @@ def code_version() -> str:
 def read_jsonl(path: Path, error: type[ValueError] = RunDirError) -> tuple[list[dict], bool]:
     """(rows, whether a torn last line was dropped). A last line without its newline is what a crash
     during an append leaves; any other unreadable line is an ``error`` naming the file and line."""
-    text = path.read_text() if path.exists() else ""
+    lines, torn = jsonl_lines(path, error)
+    return [row for _, _, row in lines], torn
+
+
+def jsonl_lines(path: Path, error: type[ValueError] = RunDirError
+                ) -> tuple[list[tuple[int, str, dict]], bool]:
+    """(line number, text as written with its newline, row) of each complete line that is not blank, and
+    whether a torn last line was dropped (:func:`read_jsonl`)."""
+    text = path.read_bytes().decode("utf-8", "surrogateescape") if path.exists() else ""
     lines = text.split("\n")
     torn = bool(lines[-1])  # the text did not end with a newline: the last append did not finish
     rows = []
@@ -92,11 +108,31 @@ def read_jsonl(path: Path, error: type[ValueError] = RunDirError) -> tuple[list[
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append((number, line + "\n", json.loads(line)))
         except json.JSONDecodeError as exc:
             raise error(f"{path}, line {number}: not a JSON record ({exc.msg}); the file is "
                         f"corrupt") from None
     return rows, torn
+
+
+def lines_digest(texts: list[str]):
+    """The running sha256 of metrics lines (each with its newline), as :class:`RunDir` keeps it."""
+    return hashlib.sha256("".join(texts).encode("utf-8", "surrogateescape"))
+
+
+def recorded_digest(state: dict) -> tuple[str, int] | None:
+    """(sha256, number of lines) of the metrics lines a state counts; None for a state written before the
+    digest was recorded."""
+    digest, count = state.get(DIGEST), state.get(DIGEST_LINES)
+    if isinstance(digest, str) and isinstance(count, int) and not isinstance(count, bool):
+        return digest, count
+    return None
+
+
+def digest_matches(texts: list[str], recorded: tuple[str, int]) -> bool:
+    """Whether the first lines of ``texts`` are the ones a state recorded (their number and sha256)."""
+    digest, count = recorded
+    return len(texts) >= count and lines_digest(texts[:count]).hexdigest() == digest
 
 
 class RunDir:
@@ -108,6 +144,7 @@ class RunDir:
         self.state_path = self.path / STATE
         self._lock_fd: int | None = None
         self._scalars = None
+        self._digest, self._lines = None, 0  # the running sha256 of the metrics lines (:meth:`_hasher`)
         if tensorboard is not None:  # the flag checked once, before the run (analyze checks its own --out)
             log_dir = run_log_dir(tensorboard, self.path)
             check_log_dir(log_dir)
@@ -151,6 +188,7 @@ class RunDir:
             raise RunDirError(f"cannot use {self.path} as a run directory: {exc.strerror or exc}") from None
         clean_stale(self.path, RUN_FILES, recursive=False)
         clean_stale(self.path / "local", LOCAL_FILES)
+        self._digest = None  # read again from the file, which only a holder of the lock writes
 
     def release(self) -> None:
         if self._lock_fd is not None:
@@ -202,6 +240,7 @@ class RunDir:
                   "code_version": code_version(), "torch": torch.__version__,
                   "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self._write_text(self.config_path, json.dumps(record, indent=2) + "\n")
+        self._digest = None
         return 0
 
     def saved_config(self) -> dict:
@@ -233,15 +272,23 @@ class RunDir:
         if not isinstance(state, dict) or "done" not in state:
             raise RunDirError(f"{self.state_path} is not a valid run state (state.pt); start a new run")
         done = int(state["done"])
-        rows, torn = read_jsonl(self.metrics_path)
-        missing = missing_steps(rows, done)
+        lines, torn = jsonl_lines(self.metrics_path)
+        missing = missing_steps([row for _, _, row in lines], done)
         if missing:  # a torn or lost line of a round the state counts: its metrics cannot be recovered
             unit = "round" if "federate" in saved else "epoch"
             raise RunDirError(f"--resume: {self.metrics_path} has no line for {unit}(s) "
                               f"{step_ranges(missing)}, which {self.state_path.name} counts as done ("
                               f"{'its last line is torn' if torn else 'a line was lost'}); their metrics "
                               f"are lost: start a new run")
-        self._truncate_metrics(rows, torn, done)
+        texts, recorded = [text for _, text, _ in lines], recorded_digest(state)
+        if recorded is not None and not digest_matches(texts, recorded):
+            raise RunDirError(f"--resume: {self.metrics_path} is not what the run wrote: its lines do not "
+                              f"match the digest {self.state_path.name} recorded of them (edited since?); "
+                              f"restore the file as the run wrote it, or start a new run")
+        # the lines the state counts, as written; those after it (a crash before their state) are dropped
+        kept = (texts[:recorded[1]] if recorded is not None
+                else [text for _, text, row in lines if _step(row) <= done])  # a run from before the digest
+        self._truncate_metrics(kept, torn)
         return state
 
     def start_again(self, config: dict, compare: tuple[str, ...]) -> None:
@@ -253,17 +300,31 @@ class RunDir:
               f"again from the beginning", file=sys.stderr)
         self.metrics_path.unlink(missing_ok=True)
         self.config_path.unlink(missing_ok=True)
+        self._digest = None
 
     def save_state(self, state: dict) -> None:
-        """Save the training state; ``state["done"]`` counts the finished epochs or rounds."""
-        atomic_save(state, self.state_path)
+        """Save the training state; ``state["done"]`` counts the finished epochs or rounds. The state also
+        records the digest of the metrics lines written so far (``metrics_sha256``, ``metrics_lines``)."""
+        digest = self._hasher()
+        atomic_save({**state, DIGEST: digest.hexdigest(), DIGEST_LINES: self._lines}, self.state_path)
 
     def append_metrics(self, record: dict) -> None:
         """Append one line and sync it to disk before the state that counts it is saved; then, with
         ``tensorboard``, the same line as scalars (the one place both commands write metrics through)."""
-        append_line(self.metrics_path, json.dumps(record) + "\n")
+        line, digest = json.dumps(record) + "\n", self._hasher()
+        append_line(self.metrics_path, line)
+        digest.update(line.encode("utf-8", "surrogateescape"))
+        self._lines += 1
         if self._scalars is not None:
             self._scalars.write(record)
+
+    def _hasher(self):
+        """The running sha256 of the metrics lines; at a session's first use, that of the file's lines (none
+        for a new run; those a resumed state counts, once :meth:`load_state` has cut the file to them)."""
+        if self._digest is None:
+            texts = [text for _, text, _ in jsonl_lines(self.metrics_path)[0]]
+            self._digest, self._lines = lines_digest(texts), len(texts)
+        return self._digest
 
     def metrics(self) -> list[dict]:
         return read_jsonl(self.metrics_path)[0]
@@ -272,12 +333,13 @@ class RunDir:
         rows = self.metrics()
         return rows[-1] if rows else {}
 
-    def _truncate_metrics(self, rows: list[dict], torn: bool, done: int) -> None:
+    def _truncate_metrics(self, kept: list[str], torn: bool) -> None:
+        """Rewrite metrics.jsonl as the lines ``kept`` (as written), and the running digest as theirs."""
         if torn:
             print(f"note: dropped the torn last line of {self.metrics_path} (a crash while it was written)",
                   file=sys.stderr)
-        rows = [r for r in rows if _step(r) <= done]
-        self._write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
+        self._write_text(self.metrics_path, "".join(kept))
+        self._digest, self._lines = lines_digest(kept), len(kept)
 
     @staticmethod
     def _write_text(path: Path, text: str) -> None:

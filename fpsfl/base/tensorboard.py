@@ -12,6 +12,7 @@ without it, asking for events is one line.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -101,8 +102,12 @@ class ScalarWriter:
 
 
 def run_log_dir(root: Path, run_dir: Path) -> Path:
-    """Where a run's events go under ``--tensorboard ROOT``: ``ROOT/<run directory's name>``."""
-    return Path(root) / Path(run_dir).resolve().name
+    """Where a run's events go under ``--tensorboard ROOT``: ``ROOT/<run directory's name>-<8 hex digits>``,
+    the digits from the run directory's absolute path. Two runs whose folders share a name (``e1/x``,
+    ``e2/x``) get folders of their own, so one's purge of resumed steps never deletes the other's curve
+    (issue 42), and a resumed run writes into its own folder again."""
+    path = Path(run_dir).resolve()
+    return Path(root) / f"{path.name}-{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
 
 
 def write_rows(rows: list[Mapping[str, Any]], log_dir: Path) -> int:

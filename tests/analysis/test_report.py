@@ -79,18 +79,20 @@ def test_centralised_runs_match_every_algorithm_and_participation():
     assert "| Federated (fedprox) | Centralised | ΔCL-FL |" in to_markdown(tables)
 
 
-def test_pooling_more_than_seeds_is_noted():
+def test_runs_of_other_inputs_are_rows_of_their_own_and_repeated_seeds_are_noted():
     (table,) = build_tables([(_cfg(lr=0.1), 0.5), (_cfg(lr=0.01, seed=1), 0.6), (_cfg(lr=0.01, seed=1), 0.6)])
-    assert any("differ in lr" in n for n in table.notes)
-    assert any("several runs with seed 1" in n for n in table.notes)
-    assert "Note: random / Federated pools runs that differ in lr." in to_markdown([table])
+    assert [r.label for r in table.rows] == ["random (lr 0.1)", "random (lr 0.01)"]
+    assert [len(r.federated.values) for r in table.rows] == [1, 2] and table.rows[0].inputs == {"lr": 0.1}
+    assert table.notes == ["random (lr 0.01) / Federated has several runs with seed 1"]
+    assert "| random (lr 0.1) | 50.0 | – | – |" in to_markdown([table])
 
 
 # ---- end to end on tiny digits runs ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A federated and a centralised one-round run on 200 digits; a second 'seed' copied from the first."""
+    """A federated and a centralised one-round run on 200 digits, a second seed of the federated one, and
+    'unfinished', a copy of the first whose config asks for two rounds."""
     root = tmp_path_factory.mktemp("report")
     data = load_dataset(DataConfig("digits"))
     few = dataclasses.replace(data, train_x=data.train_x[:200], train_y=data.train_y[:200],
@@ -100,11 +102,8 @@ def runs(tmp_path_factory):
     run(cfg, RunOptions(out=root / "fl0", device="cpu", progress=False), data=few)
     cl = dataclasses.replace(cfg, centralized=True)
     run(cl, RunOptions(out=root / "cl0", device="cpu", progress=False), data=few)
-    shutil.copytree(root / "fl0", root / "fl1")
-    _edit(root / "fl1", seed=1)
-    rows = [json.loads(line) for line in (root / "fl1" / "metrics.jsonl").read_text().splitlines()]
-    rows[-1]["test_acc"] = 0.5
-    (root / "fl1" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seed1 = dataclasses.replace(cfg, seed=1)
+    run(seed1, RunOptions(out=root / "fl1", device="cpu", progress=False), data=few)
     shutil.copytree(root / "fl0", root / "unfinished")
     _edit(root / "unfinished", rounds=2)
     return root
@@ -131,7 +130,9 @@ def test_report_on_runs(runs, capsys):
 
 def test_unfinished_or_missing_runs_exit_2(runs, capsys):
     assert main(["report", str(runs / "fl0"), str(runs / "unfinished"), "--out", str(runs / "bad")]) == 2
-    assert "1 of 2 rounds done" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    unfinished = runs / "unfinished"
+    assert "1 of 2 rounds done" in err and f"federate --config {unfinished / 'config.json'} --resume" in err
     assert main(["report", str(runs / "nowhere")]) == 2
     assert "not a federate run directory" in capsys.readouterr().err
 
