@@ -47,6 +47,10 @@ def forked(main: Callable[[list[str]], int], argv: list[str], env: dict[str, str
     if pid == 0:  # the child: never returns into pytest
         code = 99
         try:
+            # libgomp's thread team does not survive a fork: a child whose parent ran a parallel region
+            # (any multi-threaded torch op earlier in the session) deadlocks in its first one. One thread
+            # runs every op inline; the reference, killed and resumed runs are all forked alike.
+            torch.set_num_threads(1)
             os.environ.update(env)
             for fd, path in ((1, out), (2, err)):
                 target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

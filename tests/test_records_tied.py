@@ -114,8 +114,11 @@ def test_self_pretraining_resumed_with_another_init_is_refused(tmp_path):
 def _full_disk_then_follow_the_message(tmp_path, capsys, monkeypatch, main, argv, finished, resume_argv):
     """A full disk at every ``tmp`` write point of a run: one line (exit 1), no traceback, and the command
     the line suggests (the same one, with --resume where the run saved a state) then finishes the run."""
+    from collections import Counter
+
     from fpsfl.base import files
 
+    monkeypatch.setattr(files, "_events", Counter())  # the process's own count is left as it was
     points = 0
     for n in range(1, 40):
         root = tmp_path / f"full-{n}"
