@@ -90,7 +90,7 @@ def load_run(path: str | Path) -> Run:
     if not config_path.is_file() or not metrics_path.is_file():
         raise AnalysisError(f"{path} is not a federate run directory (no config.json / metrics.jsonl); "
                             f"make one with federate --out {path}")
-    _not_federate(path, config_path)
+    _not_federate(path)
     try:
         record = json.loads(config_path.read_text())["config"]
         config = FederateConfig.from_dict(record["federate"])
@@ -108,41 +108,52 @@ def load_run(path: str | Path) -> Run:
     return Run(path, path.name, config, metrics, record)
 
 
-def _not_federate(path: Path, config_path: Path) -> None:
+def _saved(path: Path) -> tuple[dict, dict] | None:
+    """(the ``config`` record, the ``run`` options) of a run directory's config.json; None when unreadable
+    (left to the caller to report)."""
+    try:
+        saved = json.loads((path / "config.json").read_text())
+        record, run = saved["config"], saved.get("run")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    return record, run if isinstance(run, dict) else {}
+
+
+def _not_federate(path: Path) -> None:
     """Refuse, saying what it is, a run directory of another command: federated self-pre-training (which
     ``FederateConfig.from_dict`` would read as a federate run of the default 100 rounds, none done) or
     pretrain. An unreadable config.json is left to the caller."""
-    try:
-        saved = json.loads(config_path.read_text())
-        record, run = saved["config"], saved.get("run")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    saved = _saved(path)
+    command = _kind(saved[0])[0] if saved is not None else "federate"
+    if command == "federate":
         return
-    if not isinstance(record, dict):
-        return
-    run = run if isinstance(run, dict) else {}
+    run = saved[1]
     ckpt = str(run.get("out", "its --out"))
     there = Path(ckpt).is_file()
     probe = f" (analyze probe {ckpt} probes the checkpoint itself)" if there else ""
-    if "self_pretrain" in record:
+    if command == "federate self-pretrain":
         made = (f"it wrote the backbone checkpoint {ckpt} for federate --init" if there else
                 f"it has not yet written its backbone checkpoint {ckpt} for federate --init (its rounds are "
                 f"not done: continue it with the flags it started with and --resume)")
         raise AnalysisError(f"{path} is a federated self-pre-training run (federate self-pretrain), not a "
                             f"federate run: it trains no classifier and has no test accuracy to analyse; "
                             f"{made}; analyse the federate runs started from it{probe}")
-    if "federate" not in record and "pretrain" in record:
-        raise AnalysisError(f"{path} is a pretrain run directory, not a federate run: its output is the "
-                            f"checkpoint {ckpt} for federate --init: analyse the federate runs started from "
-                            f"it{probe}")
+    raise AnalysisError(f"{path} is a pretrain run directory, not a federate run: its output is the "
+                        f"checkpoint {ckpt} for federate --init: analyse the federate runs started from "
+                        f"it{probe}")
 
 
 def run_kind(path: Path) -> tuple[str, str]:
     """(the command that wrote a run directory, its unit): federate / federate self-pretrain (rounds) or
     pretrain (epochs); federate for an unreadable config.json."""
-    try:
-        record = json.loads((path / "config.json").read_text())["config"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "federate", "round"
+    saved = _saved(path)
+    return _kind(saved[0] if saved is not None else {})
+
+
+def _kind(record: dict) -> tuple[str, str]:
+    """:func:`run_kind` of a config.json's ``config`` record."""
     if "self_pretrain" in record:
         return "federate self-pretrain", "round"
     pretrain = "pretrain" in record and "federate" not in record
