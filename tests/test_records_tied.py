@@ -229,3 +229,21 @@ def test_every_pass_resume_message_is_a_command_that_then_works(tmp_path, capsys
         assert main([str(a) for a in again]) == 0, capsys.readouterr().err
         assert result.is_file()
         capsys.readouterr()  # the resumed run's notes
+
+
+def test_a_file_name_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
+    """A non-UTF-8 file name in an image folder gave a codec error naming no file (issue 42)."""
+    import os
+
+    from PIL import Image
+
+    from pretrain.cli import main as pretrain
+
+    root = tmp_path / "images"
+    root.mkdir()
+    for i in range(4):
+        Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(root / f"{i}.png")
+    os.link(root / "0.png", os.fsencode(root) + b"/bad-\xff.png")
+    err = one_line_error(capsys, pretrain, ["images", *PRE, "--batch-size", "2", "--root", root, "--out",
+                                            tmp_path / "p.ckpt"])
+    assert "not valid UTF-8" in err and "bad-" in err

@@ -130,13 +130,6 @@ def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
               f"space, then run the same command again (with --resume if its run saved a first epoch or "
               f"round)", file=sys.stderr)
         return 1
-    except UnicodeEncodeError as exc:  # a file name that is not valid UTF-8 (os.walk hands it on escaped)
-        if exc.reason != "surrogates not allowed":
-            raise
-        shown = exc.object.encode("utf-8", "replace").decode()
-        print(f"{prog}: error: a file name that is not valid UTF-8: {shown[:200]!r}; rename it",
-              file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
