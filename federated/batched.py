@@ -16,18 +16,18 @@ client and server steps after training are the sequential ones.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import grad_and_value, vmap
 
 from .aggregate import State
 from .algorithms import ClientContext, FedAvg
 from .datasets.stream import chunks, fetch
+from .functional import FunctionalModel, tree_stack, tree_to
 from .local import CHECK_EVERY, DivergenceError, one_value_batchnorm
 from .tasks import Task
 
@@ -43,22 +43,6 @@ class ClientJob:
     noise: float
     examples: int = 0  # examples per local epoch: the client's aggregation weight in FedAvg
     losses: list[Tensor] = field(default_factory=list)
-
-
-class FunctionalModel:
-    """``model`` called on explicit tensors: ``fm(params, buffers, x)`` in training mode (BatchNorm statistics
-    updated in place), ``fm.frozen(state, x)`` in eval mode, ``with_z=True`` for (z, logits)."""
-
-    def __init__(self, model: nn.Module, task: Task):
-        self.train_model = model.train()
-        self.eval_model = copy.deepcopy(model).eval()
-        self.task = task
-
-    def __call__(self, params: State, buffers: State, x: Tensor, with_z: bool = False):
-        return functional_call(self.train_model, (params, buffers), (x,), {"with_z": True} if with_z else {})
-
-    def frozen(self, state: State, x: Tensor, with_z: bool = False):
-        return functional_call(self.eval_model, state, (x,), {"with_z": True} if with_z else {})
 
 
 class StackedOptimizer:
@@ -120,9 +104,11 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
     """Train ``jobs`` together from their start states; returns each client's final state, in order, and
     leaves each job's per-step losses and ``ctx.steps`` as the sequential loop would."""
     params, buffers = _stack(model, [job.start for job in jobs])
-    fm = FunctionalModel(model, task)
-    clients = algo.client_tensors([job.ctx for job in jobs], model)
-    shared = algo.shared_tensors(jobs[0].ctx)
+    fm = FunctionalModel(model.train(), task)
+    device = next(model.parameters()).device
+    # each client's hook tensors (client_tensors first: it may create server state), stacked along clients
+    clients = tree_stack([tree_to(algo.client_tensors(job.ctx, model), device) for job in jobs])
+    shared = tree_to(algo.shared_tensors(jobs[0].ctx), device)
     opt = StackedOptimizer(params, optimizer, lr, momentum, weight_decay)
     step = _vmapped_step(fm, algo)
     plan = _step_groups(jobs)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from fpsfl.base.settings import check
 
 from ..aggregate import State, split_state, weighted_average
+from ..functional import FunctionalModel, tree_to
 from ..tasks import Task
 from . import ALGORITHMS
 
@@ -48,6 +49,7 @@ class ClientContext:
     momentum: float
     state: dict[str, Any]  # this client's persistent state (owned by the algorithm)
     steps: int = 0  # optimiser steps taken so far in this round
+    cache: dict[str, Any] = field(default_factory=dict)  # the hooks' tensors this round (FedAvg.hook_tensors)
 
 
 @dataclass
@@ -98,23 +100,16 @@ class FedAvg:
         """The sample indices the client trains on in each local epoch: all of them (FedVC draws)."""
         return [indices] * epochs
 
-    # ---- local training ------------------------------------------------------------------------------
-    def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
-                   targets: Tensor) -> Tensor:
-        return task.loss(model(inputs), targets).mean()
-
-    def before_step(self, ctx: ClientContext, model: nn.Module) -> None:
-        """After backward, before the optimiser step (SCAFFOLD corrects the gradients here)."""
-
-    # ---- the same local training as pure functions (federate --client-batch, federated/batched.py) ------
-    def functional_loss(self, fm: Any, params: State, buffers: State, x: Tensor, y: Tensor,
+    # ---- local training: the algorithm's terms, written once as pure functions ------------------------
+    def functional_loss(self, fm: FunctionalModel, params: State, buffers: State, x: Tensor, y: Tensor,
                         client: dict[str, Any], shared: dict[str, Any]) -> Tensor:
-        """:meth:`local_loss` of one client as a function of explicit tensors (``fm`` calls the model on
-        them, see :class:`federated.batched.FunctionalModel`); vmapped over the round's clients."""
+        """One client's mini-batch loss as a function of explicit tensors: ``fm(params, buffers, x)`` calls
+        the model on them. The one-client loop passes the model's own tensors, ``--client-batch`` stacked
+        ones under ``vmap`` (:mod:`federated.batched`); ``client``, ``shared``: the hooks below."""
         return fm.task.loss(fm(params, buffers, x), y).mean()
 
-    def client_tensors(self, ctxs: list[ClientContext], model: nn.Module) -> dict[str, Any]:
-        """The per-client tensors :meth:`functional_loss` reads, stacked along a leading client axis."""
+    def client_tensors(self, ctx: ClientContext, model: nn.Module) -> dict[str, Any]:
+        """The tensors of this client that :meth:`functional_loss` reads (its own state: FedDyn's g)."""
         return {}
 
     def shared_tensors(self, ctx: ClientContext) -> dict[str, Any]:
@@ -122,8 +117,36 @@ class FedAvg:
         return {}
 
     def gradient_correction(self, client: dict[str, Any], shared: dict[str, Any]) -> State | None:
-        """What :meth:`before_step` adds to the gradients, for stacked clients (SCAFFOLD); None: nothing."""
+        """What is added to the gradients after backward, before the optimiser step (SCAFFOLD's c - c_i);
+        None: nothing."""
         return None
+
+    # ---- the one-client loop's entry points, derived from the hooks above (not overridden) -------------
+    def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
+                   targets: Tensor) -> Tensor:
+        """:meth:`functional_loss` on ``model``'s own parameters and buffers (one client)."""
+        fm = ctx.cache.get("fm")
+        if fm is None or fm.train_model is not model or fm.task is not task:
+            fm = ctx.cache["fm"] = FunctionalModel(model, task)
+        client, shared = self.hook_tensors(ctx, model)
+        return self.functional_loss(fm, fm.params, fm.buffers, inputs, targets, client, shared)
+
+    def before_step(self, ctx: ClientContext, model: nn.Module) -> None:
+        """Adds :meth:`gradient_correction` to ``model``'s gradients (one client)."""
+        correction = self.gradient_correction(*self.hook_tensors(ctx, model))
+        if correction is not None:
+            for name, p in model.named_parameters():
+                if p.grad is not None:
+                    p.grad.add_(correction[name])
+
+    def hook_tensors(self, ctx: ClientContext, model: nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(:meth:`client_tensors`, :meth:`shared_tensors`) of ``ctx`` on the model's device, made once per
+        client and round (the state they read changes only in :meth:`finish_client` and the server step)."""
+        if "tensors" not in ctx.cache:
+            device = next(model.parameters()).device
+            client = tree_to(self.client_tensors(ctx, model), device)  # first: it may create server state
+            ctx.cache["tensors"] = (client, tree_to(self.shared_tensors(ctx), device))
+        return ctx.cache["tensors"]
 
     def finish_client(self, ctx: ClientContext, model: nn.Module) -> dict[str, Any]:
         """After local training; returns extra payload for :meth:`server_update`."""

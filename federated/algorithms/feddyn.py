@@ -16,10 +16,9 @@ from torch import Tensor, nn
 from fpsfl.base.settings import setting
 
 from ..aggregate import State, weighted_average
-from ..tasks import Task
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, ClientResult, FedAvg
-from .fedprox import global_params, proximal_term, squared_distance
+from .fedprox import global_params, squared_distance
 
 
 @dataclass(frozen=True)
@@ -33,22 +32,13 @@ class FedDyn(FedAvg):
     name = "feddyn"
     Config = FedDynConfig
 
-    def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
-                   targets: Tensor) -> Tensor:
-        loss = super().local_loss(ctx, model, task, inputs, targets)
-        loss = loss + 0.5 * self.cfg.alpha * proximal_term(model, ctx.global_model)
-        grads = ctx.state.get("g")
-        if grads is not None:
-            loss = loss - sum((grads[k].to(p.device) * p).sum() for k, p in model.named_parameters())
-        return loss
-
     def shared_tensors(self, ctx: ClientContext) -> dict:
         return {"global": global_params(ctx)}
 
-    def client_tensors(self, ctxs: list[ClientContext], model: nn.Module) -> dict:
-        zeros = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
-        g = [ctx.state.get("g", zeros) for ctx in ctxs]  # no linear term before a client's first round
-        return {"g": {k: torch.stack([gi[k] for gi in g]) for k in zeros}}
+    def client_tensors(self, ctx: ClientContext, model: nn.Module) -> dict:
+        if "g" in ctx.state:
+            return {"g": ctx.state["g"]}
+        return {"g": {k: torch.zeros_like(p) for k, p in model.named_parameters()}}  # before its first round
 
     def functional_loss(self, fm, params, buffers, x, y, client, shared) -> Tensor:
         loss = super().functional_loss(fm, params, buffers, x, y, client, shared)

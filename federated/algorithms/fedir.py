@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..tasks import Task
 from . import ALGORITHMS
 from .base import ClientContext, FedAvg
 
@@ -38,21 +37,11 @@ class FedIR(FedAvg):
     name = "fedir"
     requires = frozenset({"sample_labels"})  # one class per training sample
 
-    def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
-                   targets: Tensor) -> Tensor:
-        losses = task.loss(model(inputs), targets)
-        weights = self._weights(ctx).to(inputs.device, losses.dtype)[task.sample_labels(targets)]
-        return self_normalised(weights, losses)
-
-    def _weights(self, ctx: ClientContext) -> Tensor:
+    def client_tensors(self, ctx: ClientContext, model: nn.Module) -> dict:
         if "ir_weights" not in ctx.state:
             w = importance_weights(self.class_counts.sum(0), self.class_counts[ctx.client])
             ctx.state["ir_weights"] = torch.as_tensor(w, dtype=torch.float64)
-        return ctx.state["ir_weights"]
-
-    def client_tensors(self, ctxs: list[ClientContext], model: nn.Module) -> dict:
-        device = next(model.parameters()).device
-        return {"weights": torch.stack([self._weights(ctx) for ctx in ctxs]).to(device)}
+        return {"weights": ctx.state["ir_weights"]}
 
     def functional_loss(self, fm, params, buffers, x, y, client, shared) -> Tensor:
         losses = fm.task.loss(fm(params, buffers, x), y)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from fpsfl.base.settings import setting
 
-from ..tasks import Task
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, FedAvg
 
@@ -29,25 +28,14 @@ def global_params(ctx: ClientContext) -> dict[str, Tensor]:
 
 
 def squared_distance(params: dict[str, Tensor], reference: dict[str, Tensor]) -> Tensor:
-    """sum over parameters of ||w - w_ref||^2, on tensors (the functional :func:`proximal_term`)."""
+    """sum over parameters of ||w - w_ref||^2 (``reference`` detached: it carries no gradient)."""
     return sum(((p - reference[k]) ** 2).sum() for k, p in params.items())
-
-
-def proximal_term(model: nn.Module, reference: nn.Module) -> Tensor:
-    """sum over parameters of ||w - w_ref||^2 (w_ref carries no gradient)."""
-    return sum(((p - q.detach()) ** 2).sum() for p, q in zip(model.parameters(), reference.parameters(),
-                                                              strict=True))
 
 
 @ALGORITHMS.register
 class FedProx(FedAvg):
     name = "fedprox"
     Config = FedProxConfig
-
-    def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
-                   targets: Tensor) -> Tensor:
-        loss = super().local_loss(ctx, model, task, inputs, targets)
-        return loss + 0.5 * self.cfg.mu * proximal_term(model, ctx.global_model)
 
     def shared_tensors(self, ctx: ClientContext) -> dict:
         return {"global": global_params(ctx)}

@@ -11,7 +11,6 @@ on CIFAR-100 / Tiny-ImageNet (the cifar10 preset sets 5).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +19,6 @@ from torch import Tensor, nn
 
 from fpsfl.base.settings import setting
 
-from ..tasks import Task
 from . import ALGORITHMS
 from .base import AlgoConfig, ClientContext, FedAvg
 
@@ -52,34 +50,13 @@ class Moon(FedAvg):
                                         nn.Linear(dim, self.cfg.proj_dim))
         model.head = nn.Linear(self.cfg.proj_dim, model.head.out_features)
 
-    @staticmethod
-    def _z(model: nn.Module, inputs: Tensor) -> Tensor:
-        return model.projector(model.features(inputs))
-
-    def local_loss(self, ctx: ClientContext, model: nn.Module, task: Task, inputs: Tensor,
-                   targets: Tensor) -> Tensor:
-        z = self._z(model, inputs)
-        loss = task.loss(model.head(z), targets).mean()
-        prev = ctx.state.get("prev")
-        with torch.no_grad():
-            z_glob = self._z(ctx.global_model, inputs)
-            if prev is None:  # first round of this client: its previous model is the global one
-                z_prev = z_glob
-            else:
-                if "_prev_model" not in ctx.state:  # built once per client round, dropped in finish_client
-                    ctx.state["_prev_model"] = copy.deepcopy(ctx.global_model)
-                    ctx.state["_prev_model"].load_state_dict(prev)
-                z_prev = self._z(ctx.state["_prev_model"], inputs)
-        return loss + self.cfg.mu * moon_contrastive(z, z_glob, z_prev, self.cfg.tau).mean()
-
     def shared_tensors(self, ctx: ClientContext) -> dict:
         return {"global": {k: v.detach() for k, v in ctx.global_model.state_dict().items()}}
 
-    def client_tensors(self, ctxs: list[ClientContext], model: nn.Module) -> dict:
-        glob = {k: v.detach() for k, v in ctxs[0].global_model.state_dict().items()}
-        prev = [{k: v.to(glob[k].device) for k, v in ctx.state["prev"].items()} if "prev" in ctx.state
-                else glob for ctx in ctxs]  # a client's first round: its previous model is the global one
-        return {"prev": {k: torch.stack([p[k] for p in prev]) for k in glob}}
+    def client_tensors(self, ctx: ClientContext, model: nn.Module) -> dict:
+        # a client's first round: its previous model is the global one
+        prev = ctx.state.get("prev") or ctx.global_model.state_dict()
+        return {"prev": {k: v.detach() for k, v in prev.items()}}
 
     def functional_loss(self, fm, params, buffers, x, y, client, shared) -> Tensor:
         z, logits = fm(params, buffers, x, with_z=True)
@@ -91,6 +68,5 @@ class Moon(FedAvg):
 
     @torch.no_grad()
     def finish_client(self, ctx: ClientContext, model: nn.Module) -> dict:
-        ctx.state.pop("_prev_model", None)
         ctx.state["prev"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         return {}

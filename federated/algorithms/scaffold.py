@@ -60,21 +60,14 @@ class Scaffold(FedAvg):
             ctx.state["c"] = _zeros_like(model)
         return self.server["c"], ctx.state["c"]
 
-    def client_tensors(self, ctxs: list[ClientContext], model: nn.Module) -> dict:
-        ci = [self._variates(ctx, model)[1] for ctx in ctxs]
-        return {"ci": {k: torch.stack([c[k] for c in ci]) for k in ci[0]}}
+    def client_tensors(self, ctx: ClientContext, model: nn.Module) -> dict:
+        return {"ci": self._variates(ctx, model)[1]}
 
     def shared_tensors(self, ctx: ClientContext) -> dict:
         return {"c": self.server.get("c")}
 
     def gradient_correction(self, client: dict, shared: dict) -> State:
         return {k: shared["c"][k] - ci for k, ci in client["ci"].items()}
-
-    def before_step(self, ctx: ClientContext, model: nn.Module) -> None:
-        c, ci = self._variates(ctx, model)
-        for name, p in model.named_parameters():
-            if p.grad is not None:
-                p.grad.add_(c[name].to(p.device) - ci[name].to(p.device))
 
     def step_count(self, steps: int, momentum: float) -> float:
         return nova_norm(steps, momentum) if self.cfg.steps == "momentum-aware" else float(steps)

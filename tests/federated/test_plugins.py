@@ -4,7 +4,9 @@ through ``federate`` end to end, the partition's own setting becoming a command-
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,3 +98,47 @@ def _help(capsys) -> str:
     with pytest.raises(SystemExit):
         federate(["--help"])
     return capsys.readouterr().out
+
+
+# ---- one hook, both loops: an algorithm's local term is written once (issue 39)
+@pytest.fixture
+def shrink():
+    from tests.federated.toy_algorithm import Shrink
+    ALGORITHMS.register(Shrink)
+    yield Shrink
+    ALGORITHMS.unregister("shrink")
+
+
+def test_an_algorithm_of_one_hook_is_one_short_file(shrink):
+    source = Path(sys.modules[shrink.__module__].__file__).read_text()
+    assert len(source.splitlines()) < 60
+    hooks = {k for k, v in vars(shrink).items() if callable(v) and not isinstance(v, type)}
+    assert hooks == {"functional_loss"}
+
+
+def test_the_one_hook_runs_in_the_one_client_loop_and_in_vectorised_clients(tmp_path, shrink):
+    """The same float64 round with --client-batch 1 and 4; and the term acts: the weights are smaller
+    than FedAvg's from the same start."""
+    from tests.federated.test_algorithms import _cfg
+    from tests.federated.test_batched import _close, _round
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = _cfg("shrink", clients=4, batch_size=12, local_epochs=1, alpha=0.5)
+        seq, _ = _round(tmp_path, cfg, 1, "seq", dtype=torch.float64)
+        bat, _ = _round(tmp_path, cfg, 4, "bat", dtype=torch.float64)
+        plain, _ = _round(tmp_path, _cfg("fedavg", clients=4, batch_size=12, local_epochs=1, alpha=0.5), 1,
+                          "fedavg", dtype=torch.float64)
+    finally:
+        torch.set_num_threads(threads)
+    _close(seq, bat, rel=1e-10)
+    def norm(state):
+        return sum(float((v ** 2).sum()) for k, v in state.items() if k.endswith("weight"))
+    assert norm(seq) < 0.99 * norm(plain)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_no_algorithm_writes_a_second_form_of_its_hooks(name):
+    """The one-client entry points are derived from the functional hooks, never overridden."""
+    for derived in ("local_loss", "before_step", "hook_tensors"):
+        assert getattr(ALGORITHMS[name], derived) is getattr(FedAvg, derived), derived
