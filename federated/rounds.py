@@ -34,6 +34,7 @@ from .experiment import FederateConfig
 from .local import epoch_batches, local_train, make_optimizer
 from .oracle.tracking import Tracker
 from .partitions import client_noise
+from .seeding import client_generators, round_rng
 from .setup import Setup
 
 
@@ -45,16 +46,6 @@ def precision(s: Setup):
     optimiser updates the float32 weights, which the cache does not see; digits then stayed at chance)."""
     return torch.autocast(s.data.train_x.device.type, dtype=torch.bfloat16, enabled=s.amp,
                           cache_enabled=False)
-
-
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
-
-
-def _generators(cfg: FederateConfig, rnd: int, client: int, device: torch.device):
-    order = torch.Generator().manual_seed(_seed(cfg.seed, rnd, client, 1))
-    aug = torch.Generator(device=device).manual_seed(_seed(cfg.seed, rnd, client, 2))
-    return order, aug
 
 
 def lr_at(cfg: FederateConfig, rnd: int) -> float:
@@ -136,10 +127,10 @@ def train_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device, r
 
 def plan_round(s: Setup, cfg: FederateConfig, rnd: int) -> RoundPlan:
     """The server's part before local training; all its randomness comes from (seed, rnd)."""
-    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, rnd, 0]))
+    rng = round_rng(cfg.seed, rnd)
     selected = s.algo.select(rng, cfg.participation)
     global_state = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
-    initial = _test_metrics(s) if rnd == 0 else {}
+    initial = test_metrics(s) if rnd == 0 else {}
     frozen = frozen_copy(s.model)
     pools = [s.algo.epoch_pools(client, s.parts[client], cfg.local_epochs, rng) for client in selected]
     return RoundPlan(rnd, lr_at(cfg, rnd), selected, pools, global_state, frozen, initial)
@@ -187,7 +178,7 @@ def close_round(s: Setup, cfg: FederateConfig, plan: RoundPlan, results: list[Cl
         tracked, override = tracker(rnd + 1, [r.state for r in results], sizes)
         aggregate = aggregate if override is None else override
     s.model.load_state_dict(aggregate)
-    record = {"round": rnd + 1, "lr": plan.lr, **_test_metrics(s), "train_loss": float(np.mean(losses)),
+    record = {"round": rnd + 1, "lr": plan.lr, **test_metrics(s), "train_loss": float(np.mean(losses)),
               "clients": selected, "client_sizes": sizes, **_health(aggregate), **tracked}
     if rnd == 0:  # the initial model's accuracy: the Acc(theta_{t-1}) of round 1 in Eq. 3 (§6.1)
         record.update({f"init_{k}": v for k, v in plan.initial.items()})
@@ -208,8 +199,8 @@ def make_job(cfg: FederateConfig, plan: RoundPlan, i: int, client_state: dict,
     if own_bn is not None:
         start.update({k: v.to(device) for k, v in own_bn.items()})
     pools = plan.pools[i]
-    aug_gen = _generators(cfg, plan.rnd, client, device)[1]
-    ctx = ClientContext(client, plan.frozen, plan.lr, _momentum(cfg), client_state)
+    aug_gen = client_generators(cfg.seed, plan.rnd, client, device)[1]
+    ctx = ClientContext(client, plan.frozen, plan.lr, local_momentum(cfg), client_state)
     return ClientJob(ctx, start, planned_batches(cfg, plan, i), aug_gen, client_noise_for(cfg, client),
                      examples=len(pools[0]) if pools else 0)
 
@@ -217,7 +208,7 @@ def make_job(cfg: FederateConfig, plan: RoundPlan, i: int, client_state: dict,
 def planned_batches(cfg: FederateConfig, plan: RoundPlan, i: int) -> list[torch.Tensor]:
     """The sample indices of each local step of the ``i``-th client of the round, in the order drawn from
     (seed, round, client): what its local training runs, and what a Flower server counts its steps from."""
-    order_gen = _generators(cfg, plan.rnd, plan.selected[i], torch.device("cpu"))[0]
+    order_gen = client_generators(cfg.seed, plan.rnd, plan.selected[i], torch.device("cpu"))[0]
     return epoch_batches(plan.pools[i], cfg.resolved_batch(), order_gen)
 
 
@@ -286,14 +277,14 @@ def _health(state: dict[str, torch.Tensor]) -> dict:
     return {"bn_min_var": float(torch.stack(variances).min())} if variances else {}
 
 
-def _test_metrics(s: Setup) -> dict:
+def test_metrics(s: Setup) -> dict:
     """The global model's test metrics: test_acc (the task's main metric), test_loss, and any others."""
     with precision(s):
         metrics = s.task.evaluate(s.model, s.data.test_x, s.data.test_y)
     return {f"test_{k}": v for k, v in metrics.items()}
 
 
-def _momentum(cfg: FederateConfig) -> float:
+def local_momentum(cfg: FederateConfig) -> float:
     """The local SGD momentum (FedNova's step normaliser); Adam has none in that sense."""
     return cfg.momentum if cfg.resolved_optimizer() == "sgd" else 0.0
 
@@ -310,18 +301,33 @@ def _save_local(run_dir: Path, rnd: int, client: int, state: dict, global_state:
     atomic_save({k: v.cpu() for k, v in state.items()}, folder / f"client_{client:03d}.pt")
 
 
-def centralized_round(s: Setup, cfg: FederateConfig, rnd: int, device: torch.device,
-                      optimizer: torch.optim.Optimizer) -> dict:
-    """One 'round' of the centralised baseline: local_epochs epochs on the union of the clients, with one
-    optimiser for the whole run and the same learning-rate schedule (the CL of ΔCL-FL, §4.2)."""
-    lr = lr_at(cfg, rnd)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    pool = torch.cat(s.parts)
-    ctx = ClientContext(-1, s.model, lr, _momentum(cfg), {})
-    order_gen, aug_gen = _generators(cfg, rnd, 0, device)
-    batches = epoch_batches([pool] * cfg.local_epochs, cfg.resolved_batch(), order_gen)
-    with precision(s):
-        loss = local_train(s.model, optimizer, s.algo, ctx, s.task, s.data.train_x, s.data.train_y, batches,
-                           aug_gen)
-    return {"round": rnd + 1, "lr": lr, **_test_metrics(s), "train_loss": loss}
+class Federated:
+    """The round loop's work for a federated run: :func:`train_round` with the run's tracker (``--track``)
+    and engine (``dispatch``: None in process). :class:`federated.centralised.Centralised` is the other
+    kind; :func:`federated.runner.run` drives either."""
+
+    desc = "rounds"
+
+    def __init__(self, s: Setup, cfg: FederateConfig, device: torch.device, rundir: RunDir,
+                 dispatch: Dispatch | None):
+        self.s, self.cfg, self.device, self.rundir, self.dispatch = s, cfg, device, rundir, dispatch
+        self.tracker = (Tracker(cfg.tracking, s.model, s.task, s.data, cfg.seed) if cfg.tracking.active
+                        else None)
+
+    def notes(self, engine: str) -> list[str]:
+        cfg = self.cfg
+        if engine == "flower":
+            asked = cfg.client_batch not in (None, 1)
+            return [f"--client-batch {cfg.client_batch}: each Flower client trains alone (--engine flower)"
+                    ] if asked else []
+        note = client_batch(cfg, self.s.task, next(self.s.model.parameters()).device, cfg.clients)[1]
+        return [note] if note else []
+
+    def round(self, rnd: int, bar: tqdm | None) -> dict:
+        return train_round(self.s, self.cfg, rnd, self.device, self.rundir, bar, self.tracker, self.dispatch)
+
+    def extra_state(self) -> dict:
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass

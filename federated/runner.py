@@ -21,7 +21,7 @@ from fpsfl.base.checkpoint import atomic_save, load_weights_only, plain
 from fpsfl.base.device import resolve_device
 from fpsfl.base.rundir import RunDir, RunDirError
 
-from .algorithms import ALGORITHMS
+from .centralised import Centralised
 from .datasets import DATASETS, ImageData
 from .experiment import FederateConfig, RunOptions
 from .initialisation import (
@@ -33,10 +33,9 @@ from .initialisation import (
     pretraining_size,
     resolve_init,
 )
-from .local import DivergenceError, make_optimizer
-from .oracle.tracking import Tracker
+from .local import DivergenceError
 from .partitions.report import check_partition_report
-from .rounds import Dispatch, centralized_round, check_client_batch, client_batch, train_round
+from .rounds import Dispatch, Federated, check_client_batch
 from .setup import Setup, setup, write_partition
 from .shards import partition_settings
 
@@ -108,15 +107,13 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
     digest = source.sha256 if source is not None else init_sha256(cfg.init)  # resumed: the file may be gone
     config = {"federate": cfg.to_dict(), "algo": plain(vars(s.algo.cfg)), "init_sha256": digest,
               "engine": opts.engine}
-    optimizer = make_optimizer(s.model, cfg.resolved_optimizer(), cfg.resolved_lr(), cfg.momentum,
-                               cfg.weight_decay)
+    training = Centralised(s, cfg, device) if cfg.centralized else Federated(s, cfg, device, rundir, dispatch)
     if rundir.has_state():  # (a --resume: a new run refuses a directory with a state)
         state = _load_resumable(rundir, config, cfg)
         check_partition_report(rundir.path, [p.numpy() for p in s.parts])
         s.model.load_state_dict(state["model"])
         s.algo.load_state_dict(state["algo"])
-        if cfg.centralized:
-            optimizer.load_state_dict(state["optimizer"])
+        training.load_extra_state(state)
         start, norm0 = int(state["done"]), float(state["norm0"])
     else:
         if opts.resume:  # killed before its first state: started again once the settings match
@@ -129,26 +126,16 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
         tqdm.write(f"init: {s.init_report}")
     if start == 0 and (warning := init_warning(source or cfg.init, cfg.init_format)):
         print(f"federate: warning: {warning}", file=sys.stderr)
-    if cfg.centralized and type(s.algo) is not ALGORITHMS[cfg.algo]:
-        print(f"federate: note: --centralized trains plain SGD on the pooled data; {cfg.algo}'s client and "
-              f"server steps do not apply to it", file=sys.stderr)
-    _, note = client_batch(cfg, s.task, model_device(s), cfg.clients)
-    if opts.engine == "flower":
-        note = (f"--client-batch {cfg.client_batch}: each Flower client trains alone (--engine flower)"
-                if cfg.client_batch not in (None, 1) else "")
-    if note and not cfg.centralized:
+    for note in training.notes(opts.engine):
         print(f"federate: note: {note}", file=sys.stderr)
-    tracker = (Tracker(cfg.tracking, s.model, s.task, s.data, cfg.seed)
-               if cfg.tracking.active and not cfg.centralized else None)
-    bar = tqdm(total=cfg.rounds, initial=start, desc="centralised" if cfg.centralized else "rounds",
+    bar = tqdm(total=cfg.rounds, initial=start, desc=training.desc,
                unit="round", disable=not opts.progress, dynamic_ncols=True)
     for rnd in range(start, cfg.rounds):
         if opts.stop_after is not None and rnd - start >= opts.stop_after:
             break
         t0 = time.perf_counter()
         try:
-            record = (centralized_round(s, cfg, rnd, device, optimizer) if cfg.centralized
-                      else train_round(s, cfg, rnd, device, rundir, bar, tracker, dispatch))
+            record = training.round(rnd, bar)
             record["weight_norm"] = param_norm(s.model)
             check_divergence(record, s.task.n_classes, norm0)
         except DivergenceError as exc:
@@ -160,9 +147,8 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
         rundir.append_metrics(record)
         if opts.log_rounds:  # no bar (flwr run): a line per round, which flwr log shows
             tqdm.write(round_line(record, cfg.rounds), file=sys.stderr)
-        state = {"done": rnd + 1, "model": s.model.state_dict(), "algo": s.algo.state_dict(), "norm0": norm0}
-        if cfg.centralized:
-            state["optimizer"] = optimizer.state_dict()
+        state = {"done": rnd + 1, "model": s.model.state_dict(), "algo": s.algo.state_dict(), "norm0": norm0,
+                 **training.extra_state()}
         rundir.save_state(state)
         bar.set_postfix(acc=f"{record['test_acc']:.3f}")
         bar.update(1)
@@ -173,10 +159,6 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
                  "config": plain(config), "model": {k: v.cpu() for k, v in s.model.state_dict().items()}}
         atomic_save(final, rundir.path / "final.pt")
     return rows
-
-
-def model_device(s: Setup) -> torch.device:
-    return next(s.model.parameters()).device
 
 
 def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:

@@ -26,6 +26,7 @@ from fpsfl.base.settings import check
 
 from ..aggregate import State, split_state, weighted_average
 from ..functional import FunctionalModel, tree_to
+from ..seeding import sample_clients
 from ..tasks import Task
 from . import ALGORITHMS
 
@@ -91,9 +92,7 @@ class FedAvg:
 
     def select(self, rng: np.random.Generator, fraction: float) -> list[int]:
         """Clients of this round: a uniform sample of round(fraction * N) (at least 1), sorted."""
-        n = len(self.sizes)
-        m = max(1, round(fraction * n))
-        return sorted(range(n)) if m >= n else sorted(rng.choice(n, m, replace=False).tolist())
+        return sample_clients(rng, len(self.sizes), fraction)
 
     def epoch_pools(self, client: int, indices: Tensor, epochs: int,
                     rng: np.random.Generator) -> list[Tensor]:

@@ -20,10 +20,10 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..aggregate import State, weighted_average
-from ..algorithms import AlgoConfig, FedAvg
 from ..experiment import FederateConfig
 from ..local import epoch_batches
-from ..rounds import _generators, _seed, client_noise_for
+from ..rounds import client_noise_for
+from ..seeding import client_generators, round_rng, sample_clients, seed_of
 from .base import ClientRun, ClientUpdate, FederatedSSL
 from .config import SelfPretrainConfig
 
@@ -36,19 +36,17 @@ Dispatch = Callable[[int, list[int], State, list[int]], tuple[list[ClientUpdate]
 
 def select_clients(sizes: list[int], seed: int, rnd: int, participation: float) -> list[int]:
     """The clients of round ``rnd``: supervised federate's uniform draw (FedAvg.select) from (seed, rnd)."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, rnd, 0]))
-    sampler = FedAvg(AlgoConfig(), sizes, np.zeros((len(sizes), 0)))  # select reads the client count only
-    return sampler.select(rng, participation)
+    return sample_clients(round_rng(seed, rnd), len(sizes), participation)
 
 
 def client_run(fed: FederateConfig, sp: SelfPretrainConfig, rnd: int, client: int, images: Tensor,
                size: int) -> ClientRun:
     """Client ``client``'s round ``rnd`` on its ``images`` (uint8 (n, S, S, 3), on the training device): all
     its local epochs' batches and generators, derived from (seed, rnd, client) only."""
-    order_gen, aug_gen = _generators(fed, rnd, client, images.device)
+    order_gen, aug_gen = client_generators(fed.seed, rnd, client, images.device)
     pools = [torch.arange(len(images))] * sp.local_epochs
     batches = epoch_batches(pools, sp.batch_size, order_gen)
-    gen = torch.Generator().manual_seed(_seed(fed.seed, rnd, client, 3))
+    gen = torch.Generator().manual_seed(seed_of(fed.seed, rnd, client, 3))
     return ClientRun(rnd, client, images, batches, aug_gen, gen, sp.lr, sp.momentum, sp.weight_decay, size,
                      client_noise_for(fed, client))
 

@@ -12,8 +12,9 @@ from federated.algorithms.fedir import importance_weights
 from federated.datasets import ImageData
 from federated.experiment import FederateConfig, RunOptions
 from federated.local import epoch_batches, local_train, make_optimizer
-from federated.rounds import _generators, lr_at, train_round
+from federated.rounds import lr_at, train_round
 from federated.runner import run
+from federated.seeding import client_generators
 from federated.setup import setup
 from federated.tasks import Classifier
 from fpsfl.base.rundir import RunDir
@@ -72,7 +73,7 @@ def test_fedavg_with_one_client_equals_its_local_training(tmp_path):
     model = copy.deepcopy(s.model)
     ctx_algo = ALGORITHMS["fedavg"](cfg.algo_config(), [len(s.parts[0])], np.ones((1, N_CLASSES)))
     ctx = ClientContext(0, copy.deepcopy(model), cfg.resolved_lr(), cfg.momentum, {})
-    order, aug = _generators(cfg, 0, 0, torch.device("cpu"))
+    order, aug = client_generators(cfg.seed, 0, 0, torch.device("cpu"))
     optimizer = make_optimizer(model, "sgd", cfg.resolved_lr(), cfg.momentum, cfg.weight_decay)
     local_train(model, optimizer, ctx_algo, ctx, s.task, s.data.train_x, s.data.train_y,
                 epoch_batches([s.parts[0]], 16, order), aug)
