@@ -16,11 +16,9 @@ uses are the ones the smoke run exercises:
 - ``cityscapes/``: leftImg8bit/{train,val}/<city>/*_leftImg8bit.png and gtFine/.../*_gtFine_labelIds.png;
 - ``imagenet32/``: Chrabaszcz et al.'s down-sampled ImageNet, pickled ``train_data_batch_1..10`` and
   ``val_data`` (``data`` N x 3072 channel-major uint8, 1-based ``labels``);
-- ``resnet18_places365.pth.tar``: the Places365 project's file (``state_dict`` under ``module.``, 365-way fc);
 - ``chest_xray/``: Kermany et al.'s folder train/{NORMAL,PNEUMONIA}/*.jpeg and test/...;
 - ``stylegan/``: a folder of generated-looking PNG images (Baradad et al.'s StyleGAN images are a folder);
-- ``torch-home/hub/checkpoints/``: stand-ins for torchvision's ResNet18 and MobileNetV2 ImageNet files
-  (random weights), for ``--init imagenet`` with ``TORCH_HOME`` pointing there.
+- ``resnet18_places365.pth.tar`` and ``torch-home/hub/checkpoints/``: weight files (recipes/smoke_weights.py).
 
 Images of class c share a base colour with noise on it, so a smoke run can learn something; the tests use
 the writers with solid, numbered colours (:func:`colour`) to check which image went where.
@@ -42,6 +40,11 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+try:  # the weight files' writers: recipes.smoke_data imported (tests), or this file run as a script
+    from recipes.smoke_weights import write_places365, write_torch_hub
+except ModuleNotFoundError:
+    from smoke_weights import write_places365, write_torch_hub
 
 # ---- images ------------------------------------------------------------------------------------------------
 
@@ -334,39 +337,6 @@ def write_imagenet32(root, per_batch: int = 40, classes: int = 10, side: int = 3
         (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
         written[name] = (data, labels)
     return written
-
-
-def write_places365(path, seed: int = 0) -> dict:
-    """The Places365 project's ``resnet18_places365.pth.tar`` as published: ``{"epoch", "arch",
-    "state_dict", "best_prec1"}``, the state of a torchvision ResNet18 with a 365-way fc saved under
-    DataParallel's ``module.`` prefix, in torch's legacy (pre-1.6, non-zip) file format. Returns the plain
-    state (no prefix)."""
-    import torch
-    from torchvision.models import resnet18
-
-    torch.manual_seed(seed)
-    state = resnet18(num_classes=365).state_dict()
-    record = {"epoch": 90, "arch": "resnet18", "state_dict": {f"module.{k}": v for k, v in state.items()},
-              "best_prec1": 54.74}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    torch.save(record, path, _use_new_zipfile_serialization=False)
-    return state
-
-
-def write_torch_hub(hub_checkpoints, seed: int = 0) -> None:
-    """Stand-ins for torchvision's ImageNet weight files, at the names ``federate --init imagenet`` looks up
-    in ``$TORCH_HOME/hub/checkpoints/`` (random weights in the published state-dict layout: the smoke runs
-    have no network)."""
-    import torch
-    from torchvision.models import mobilenet_v2, resnet18
-
-    from federated.initialisation import IMAGENET_FILES
-
-    torch.manual_seed(seed)
-    folder = Path(hub_checkpoints)
-    folder.mkdir(parents=True, exist_ok=True)
-    for arch, build in (("resnet18", resnet18), ("mobilenet_v2", mobilenet_v2)):
-        torch.save(build().state_dict(), folder / IMAGENET_FILES[arch].rsplit("/", 1)[1])
 
 
 # ---- everything, for the recipes ---------------------------------------------------------------------------

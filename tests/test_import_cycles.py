@@ -121,3 +121,10 @@ def test_no_module_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in project_modules().values()
             if (n := len(p.read_text().splitlines())) > 400}
     assert long == {}, f"modules over 400 lines (STYLE.md): {long}"
+
+
+def test_no_module_is_over_400_lines():
+    """docs/contributing.md: modules of about 50-400 lines; the packages, recipes and bench scripts."""
+    files = [p for folder in (*PACKAGES, "recipes", "bench") for p in sorted((ROOT / folder).rglob("*.py"))]
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > 400}
+    assert len(files) > 100 and not long, long
