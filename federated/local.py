@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .algorithms import ClientContext, FedAvg
-from .datasets.stream import fetch
+from .datasets.stream import fetch, on_device
 from .tasks import Task
 
 CHECK_EVERY = 8  # steps between finiteness checks (each synchronises a GPU; NaN arithmetic is slow on CPU)
@@ -81,15 +81,25 @@ def one_value_batchnorm(model: nn.Module, on: bool = True) -> Iterator[None]:
             hook.remove()
 
 
+def check_interval(device: torch.device) -> int:
+    """Steps between reads of the running loss: :data:`CHECK_EVERY` on a CPU, where a read waits for
+    nothing; 0 (once, after the last step) on an accelerator, where every read stalls the queue (issue 40)."""
+    return CHECK_EVERY if device.type == "cpu" else 0
+
+
 def local_train(model: nn.Module, optimizer: torch.optim.Optimizer, algo: FedAvg, ctx: ClientContext,
                 task: Task, x: Tensor, y: Tensor, batches: list[Tensor], aug_gen: torch.Generator,
-                noise: float = 0.0) -> float:
+                noise: float = 0.0, check_every: int | None = None) -> float:
     """Train ``model`` in place, one step per entry of ``batches`` (sample indices into (x, y), see
-    :func:`epoch_batches`); returns the mean training loss. Augmentation is drawn from ``aug_gen``."""
+    :func:`epoch_batches`); returns the mean training loss. Augmentation is drawn from ``aug_gen``. The
+    loss is summed on the device and read every ``check_every`` steps (0: after the last; None: the device's
+    :func:`check_interval`), so a step itself never waits for the device."""
     model.train()
+    check_every = check_interval(y.device) if check_every is None else check_every
     total, count = torch.zeros((), device=x.device), 0
-    for batch, images in zip(batches, fetch(x, batches), strict=True):  # streamed images: decoded ahead
-        inputs, targets = task.train_inputs(images, y[batch.to(y.device)], aug_gen, noise)
+    labels = on_device(batches, y.device)  # one copy for all steps
+    for batch, index, images in zip(batches, labels, fetch(x, batches), strict=True):  # streamed: ahead
+        inputs, targets = task.train_inputs(images, y[index], aug_gen, noise)
         with one_value_batchnorm(model, on=len(batch) == 1):
             loss = algo.local_loss(ctx, model, task, inputs, targets)
         optimizer.zero_grad(set_to_none=True)
@@ -99,13 +109,14 @@ def local_train(model: nn.Module, optimizer: torch.optim.Optimizer, algo: FedAvg
         ctx.steps += 1
         total += loss.detach().float()
         count += 1
-        if count % CHECK_EVERY == 0:
+        if check_every and count % check_every == 0:
             _check_finite(total, ctx.client)
-    _check_finite(total, ctx.client)
-    return total.item() / max(count, 1)
+    return _check_finite(total, ctx.client) / max(count, 1)
 
 
-def _check_finite(total: Tensor, client: int) -> None:
+def _check_finite(total: Tensor, client: int) -> float:
+    """The summed loss, read from the device; a DivergenceError when it is not finite."""
     value = total.item()
     if not math.isfinite(value):
         raise DivergenceError(f"client {client}: the local loss became {value}")
+    return value

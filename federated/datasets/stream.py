@@ -145,8 +145,19 @@ def fetch(x: Tensor | StreamedImages, indices: Iterable) -> Iterator[Tensor]:
     if isinstance(x, StreamedImages):
         yield from x.batches(indices)
         return
+    indices = list(indices)
+    if all(isinstance(index, Tensor) for index in indices):
+        indices = on_device(indices, x.device)
     for index in indices:
-        yield x[index.to(x.device) if isinstance(index, Tensor) else index]
+        yield x[index]
+
+
+def on_device(indices: list[Tensor], device: torch.device) -> list[Tensor]:
+    """The index tensors on ``device``, moved with one host-to-device copy for all of them rather than one a
+    training step (each would make the host wait for the device, issue 40)."""
+    if not indices or all(index.device == device for index in indices):
+        return list(indices)
+    return list(torch.cat(indices).to(device).split([len(index) for index in indices]))
 
 
 def take(x: Tensor | StreamedImages, index: Tensor) -> Tensor | StreamedImages:

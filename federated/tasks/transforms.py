@@ -20,7 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fpsfl.base.images import IMAGENET_MEAN, IMAGENET_STD, normalise, resized_crop, sample_crop_boxes
+from fpsfl.base.images import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    channel_constant,
+    normalise,
+    resized_crop,
+    sample_crop_boxes,
+)
 from fpsfl.base.images import check_images as _check
 
 PAD_CROP_MAX_SIDE = 32  # px: images this small that are trained at their stored side get pad-and-crop
@@ -65,7 +72,8 @@ def pad_crop(x: Tensor, pad: int, offsets: Tensor, flip: Tensor) -> Tensor:
     b, s = x.shape[0], x.shape[1]
     padded = F.pad(x, (0, 0, pad, pad, pad, pad))  # (B, S + 2 pad, S + 2 pad, 3), zeros = black
     ar = torch.arange(s, device=x.device)
-    offsets, flip = offsets.to(x.device), flip.to(x.device)
+    if offsets.device != x.device:  # drawn on another device than the images (no copy when they agree)
+        offsets, flip = offsets.to(x.device), flip.to(x.device)
     rows = offsets[:, 1:2] + ar  # (B, S)
     cols = offsets[:, 0:1] + torch.where(flip[:, None], s - 1 - ar, ar)  # (B, S)
     batch = torch.arange(b, device=x.device)[:, None, None]
@@ -97,4 +105,4 @@ def add_noise(x: Tensor, sigma: float, generator: torch.Generator,
     clamping to [0, 1]. ``std`` must be the statistics the batch was normalised with.
     """
     noise = torch.randn(x.shape, generator=generator, device=generator.device).to(x)
-    return x + noise * (sigma / x.new_tensor(std).view(1, 3, 1, 1))
+    return x + noise * (sigma / channel_constant(std, x.device, x.dtype))

@@ -19,8 +19,9 @@ seed fixes the output.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -350,8 +351,19 @@ def check_images(x: Tensor) -> None:
 
 def normalise(x: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
     """float (B, 3, H, W) in 0..255 -> (x / 255 - mean) / std, in place."""
-    m, s = x.new_tensor(mean).view(1, 3, 1, 1), x.new_tensor(std).view(1, 3, 1, 1)
+    m, s = channel_constant(mean, x.device, x.dtype), channel_constant(std, x.device, x.dtype)
     return x.div_(255).sub_(m).div_(s)
+
+
+@functools.lru_cache(maxsize=64)
+def _channel_constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    return torch.tensor(values, dtype=dtype, device=device).view(1, -1, 1, 1)
+
+
+def channel_constant(values: Sequence[float], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``values`` as a (1, C, 1, 1) tensor on ``device``, made once per device and dtype: copied from the
+    host every batch it would make each step wait for the device (issue 40). Never written to."""
+    return _channel_constant(tuple(float(v) for v in values), torch.device(device), dtype)
 
 
 def eval_batch(x: Tensor, input_size: int, mean: tuple[float, ...] = IMAGENET_MEAN,

@@ -1,0 +1,81 @@
+"""The host-sync counter (issue 40) and the training steps it watches: one client's local step of
+``federate`` reads nothing back from the device, for every algorithm."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from federated.algorithms import ALGORITHMS, ClientContext
+from federated.local import epoch_batches, local_train, make_optimizer
+from federated.seeding import client_generators
+from federated.setup import setup
+from fpsfl.base.syncs import SyncCounter
+from tests.federated.test_algorithms import _cfg, synthetic
+
+X = torch.arange(6.0) - 2.5
+COUNTS = torch.tensor([1, 0, 2, 1, 1, 1])
+
+SYNCS = {  # one call of each kind a GPU step must not make, and its name in the counter
+    "item": lambda: X[0].item(),
+    "tolist": lambda: X.tolist(),
+    "cpu": lambda: X.cpu(),
+    "__bool__": lambda: bool(X[0] > 0),
+    "__float__": lambda: float(X.sum()),
+    "nonzero": lambda: X.nonzero(),
+    "bool-index": lambda: X[X > 0],
+    "where(cond)": lambda: torch.where(X > 0),
+    "tensor": lambda: torch.tensor([1.0, 2.0]),
+    "new_tensor": lambda: X.new_tensor([1.0]),
+    "to": lambda: X.to("cpu"),
+    "repeat_interleave": lambda: X.repeat_interleave(COUNTS),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYNCS))
+def test_each_kind_of_sync_is_counted_once(name):
+    with SyncCounter() as counter:
+        SYNCS[name]()
+    assert dict(counter.calls) == {name: 1}
+
+
+def test_device_work_is_not_counted():
+    with SyncCounter() as counter:
+        y = (X * 2 + 1).to(torch.float64).relu().sum(0, keepdim=True)
+        X.repeat_interleave(3)  # a fixed count: the output size is known without the values
+        torch.where(X > 0, X, -X)
+        torch.as_tensor(y)  # a tensor from a tensor: no host data
+    assert counter.total == 0, dict(counter.calls)
+
+
+def _local_syncs(algo_name: str, epochs: int) -> tuple[int, dict]:
+    cfg = _cfg(algo_name, clients=1, rounds=1, partition="iid")
+    s = setup(cfg, torch.device("cpu"), synthetic(n_train=128))
+    model = copy.deepcopy(s.model)
+    algo = ALGORITHMS[algo_name](cfg.algo_config(), [len(s.parts[0])], np.ones((1, 4)))
+    algo.attach(model)
+    ctx = ClientContext(0, copy.deepcopy(model).eval().requires_grad_(False), 0.05, 0.9, algo.clients[0])
+    order, aug = client_generators(0, 0, 0, torch.device("cpu"))
+    optimizer = make_optimizer(model, "sgd", 0.05, 0.9, 1e-4)
+    batches = epoch_batches([s.parts[0]] * epochs, 16, order)
+    local_train(model, optimizer, algo, ctx, s.task, s.data.train_x, s.data.train_y, batches[:1], aug,
+                check_every=0)  # warm-up: the device constants are made once
+    with SyncCounter() as counter:
+        local_train(model, optimizer, algo, ctx, s.task, s.data.train_x, s.data.train_y, batches, aug,
+                    check_every=0)
+    return len(batches), dict(counter.calls)
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_a_local_step_of_federate_reads_nothing_back(algo):
+    """Twice the steps, the same syncs: all of them are per local training (the one read of the summed
+    loss, the hooks' tensors moved once), none per step. As a GPU runs it: the loss read after the last
+    step only (check_every=0; a CPU reads it every 8 steps, where a read waits for nothing)."""
+    torch.set_num_threads(1)
+    short, few = _local_syncs(algo, 1)
+    long, more = _local_syncs(algo, 2)
+    assert long == 2 * short >= 8
+    assert few == more and few.get("item") == 1, (few, more)
