@@ -77,7 +77,7 @@ def blur_kernel_size(side: int) -> int:
 
 def _col(v: Tensor, x: Tensor) -> Tensor:
     """A per-sample parameter (B,) as (B, 1, 1, 1) in x's dtype and device, to broadcast over images."""
-    return v.to(device=x.device, dtype=x.dtype).view(-1, 1, 1, 1)
+    return (v if v.device == x.device else v.to(x.device)).to(x.dtype).view(-1, 1, 1, 1)
 
 
 def _luma(x: Tensor) -> Tensor:
@@ -161,7 +161,7 @@ def _from_hue_chroma(h6: Tensor, c: Tensor, v: Tensor, out: Tensor) -> Tensor:
     the nearest of 2 + 6 Z. Folding with abs gives d without a slow remainder: d = ||k - 5| - 6| - 3| for
     k in [-7, 17].
     """
-    k = torch.add(h6, h6.new_tensor(_HUE_OFFSETS).view(1, 3, 1, 1), out=out)
+    k = torch.add(h6, channel_constant(_HUE_OFFSETS, h6.device, h6.dtype), out=out)
     t = k.sub_(5).abs_().sub_(6).abs_().sub_(3).abs_().neg_().add_(2).clamp_(0, 1)
     return t.mul_(c).neg_().add_(v)
 
@@ -233,8 +233,19 @@ def resized_crop(x: Tensor, boxes: Tensor, out_size: int, flip: Tensor) -> Tenso
 
 
 def _rand(n: int, generator: torch.Generator, device: torch.device | str) -> Tensor:
-    """n uniforms in [0, 1) from the generator (on its own device), moved to ``device``."""
-    return torch.rand(n, generator=generator, device=generator.device).to(device)
+    """n uniforms in [0, 1) from the generator (on its own device), moved to ``device`` if that differs."""
+    u = torch.rand(n, generator=generator, device=generator.device)
+    return u if u.device == torch.device(device) else u.to(device)
+
+
+# Whether augmentation runs in its sync-free form (issue 40): every sample computed and the selection kept
+# by torch.where, the jitter order applied without reading it back. None: on accelerators only (on a CPU
+# the host form, which computes only the selected samples, is faster and reads cost nothing). Tests set it.
+SYNC_FREE: bool | None = None
+
+
+def _sync_free(x: Tensor) -> bool:
+    return x.device.type != "cpu" if SYNC_FREE is None else SYNC_FREE
 
 
 def sample_crop_boxes(b: int, h: int, w: int, scale: tuple[float, float], ratio: tuple[float, float],
@@ -270,9 +281,13 @@ def sample_crop_boxes(b: int, h: int, w: int, scale: tuple[float, float], ratio:
 def _masked_(x: Tensor, on: Tensor, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
     """Replace the samples where on (B,) is True by fn(those samples, their indices), in place.
 
-    The others stay bit-identical and the work scales with the selection rate. (On CUDA, finding the
-    indices syncs with the host once.)
+    The others stay bit-identical. On a CPU the work scales with the selection rate; the sync-free form
+    (:data:`SYNC_FREE`) runs fn on every sample and keeps the selected results, since finding the indices
+    would make the host wait for the device.
     """
+    if _sync_free(x):
+        every = torch.arange(len(x), device=x.device)
+        return x.copy_(torch.where(on.view(-1, 1, 1, 1), fn(x.clone(), every), x))
     idx = on.nonzero().squeeze(1)
     if idx.numel() > 0:
         x.index_copy_(0, idx, fn(x.index_select(0, idx), idx))
@@ -285,17 +300,26 @@ def _random_jitter_(x: Tensor, cfg: AugmentConfig, generator: torch.Generator, n
     dev = x.device
     on = (_rand(n, generator, dev) < cfg.jitter_p)[rows]
     u = _rand(4 * n, generator, dev).view(4, n)[:, rows]
-    perm = torch.randperm(4, generator=generator, device=generator.device).tolist()
-    order = [i for i in perm if cfg.jitter[i] > 0]  # a zero strength is skipped, as torchvision does
-    s = u.new_tensor(cfg.jitter)[:, None]
+    perm = torch.randperm(4, generator=generator, device=generator.device)
+    active = [i for i in range(4) if cfg.jitter[i] > 0]  # a zero strength is skipped, as torchvision does
+    s = device_constant(cfg.jitter, u.device, u.dtype)[:, None]
     # Factors ~ U(1 - s, 1 + s) for brightness, contrast, saturation; hue shift ~ U(-s, s) (torchvision).
     params = torch.cat((1 - s[:3] + 2 * s[:3] * u[:3], s[3:] * (2 * u[3:] - 1)))  # (4, B)
     kernels = (_brightness_, _contrast_, _saturation_, _hue_)
 
-    def jitter(xs: Tensor, idx: Tensor) -> Tensor:
-        for i in order:
-            xs = kernels[i](xs, params[i, idx])
-        return xs
+    if _sync_free(x):  # the order stays on the device: at each of the 4 places, the op drawn for it
+        def jitter(xs: Tensor, idx: Tensor) -> Tensor:
+            for place in range(4):
+                for i in active:
+                    xs = torch.where(perm[place] == i, kernels[i](xs.clone(), params[i, idx]), xs)
+            return xs
+    else:
+        order = [i for i in perm.tolist() if i in active]
+
+        def jitter(xs: Tensor, idx: Tensor) -> Tensor:
+            for i in order:
+                xs = kernels[i](xs, params[i, idx])
+            return xs
 
     return _masked_(x, on, jitter)
 
@@ -339,7 +363,7 @@ def augment(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,
     sigma = cfg.blur_sigma[0] + (cfg.blur_sigma[1] - cfg.blur_sigma[0]) * _rand(n, generator, dev)[mine]
     kernel = cfg.blur_kernel or blur_kernel_size(size)
     x = _masked_(x, blur, lambda xs, idx: gaussian_blur(xs, sigma[idx], kernel))
-    mean, std = x.new_tensor(cfg.mean).view(1, 3, 1, 1), x.new_tensor(cfg.std).view(1, 3, 1, 1)
+    mean, std = channel_constant(cfg.mean, x.device, x.dtype), channel_constant(cfg.std, x.device, x.dtype)
     return x.sub_(mean).div_(std)
 
 
@@ -356,14 +380,19 @@ def normalise(x: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Ten
 
 
 @functools.lru_cache(maxsize=64)
-def _channel_constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
-    return torch.tensor(values, dtype=dtype, device=device).view(1, -1, 1, 1)
+def _device_constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def device_constant(values: Sequence[float], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``values`` as a 1-D tensor on ``device``, made once per device and dtype: copied from the host every
+    batch, it would make each step wait for the device (issue 40). Never written to."""
+    return _device_constant(tuple(float(v) for v in values), torch.device(device), dtype)
 
 
 def channel_constant(values: Sequence[float], device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``values`` as a (1, C, 1, 1) tensor on ``device``, made once per device and dtype: copied from the
-    host every batch it would make each step wait for the device (issue 40). Never written to."""
-    return _channel_constant(tuple(float(v) for v in values), torch.device(device), dtype)
+    """:func:`device_constant` as (1, C, 1, 1), to broadcast over a (B, C, H, W) batch."""
+    return device_constant(values, device, dtype).view(1, -1, 1, 1)
 
 
 def eval_batch(x: Tensor, input_size: int, mean: tuple[float, ...] = IMAGENET_MEAN,

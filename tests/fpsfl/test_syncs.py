@@ -79,3 +79,53 @@ def test_a_local_step_of_federate_reads_nothing_back(algo):
     long, more = _local_syncs(algo, 2)
     assert long == 2 * short >= 8
     assert few == more and few.get("item") == 1, (few, more)
+
+
+@pytest.fixture
+def sync_free(monkeypatch):
+    import fpsfl.base.images as images
+    monkeypatch.setattr(images, "SYNC_FREE", True)
+    return images
+
+
+def _views(n: int = 24) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(0, 256, (2, n, 32, 32, 3), dtype=torch.uint8, generator=gen)
+
+
+def test_pretraining_augmentation_has_a_sync_free_form_equal_to_the_host_form(monkeypatch):
+    """The host form (CPU default) reads the jitter order and the selected samples back; the form
+    accelerators run reads nothing and gives the same views, bit for bit, from the same generator."""
+    import fpsfl.base.images as images
+    from fractals.stream import augment_views
+    out, calls = {}, {}
+    for form in (False, True):
+        monkeypatch.setattr(images, "SYNC_FREE", form)
+        gen = torch.Generator().manual_seed(0)
+        augment_views(_views(), 2, images.AugmentConfig(), gen)  # warm-up: device constants
+        with SyncCounter() as counter:
+            out[form] = augment_views(_views(), 2, images.AugmentConfig(), gen)
+        calls[form] = dict(counter.calls)
+    assert calls[True] == {} and calls[False].get("nonzero", 0) >= 2 and calls[False].get("tolist") == 2
+    assert torch.equal(out[True], out[False])
+
+
+def test_a_simsiam_pretraining_step_reads_nothing_back(sync_free):
+    from fractals.stream import augment_views
+    from pretrain.recipe import PretrainConfig
+    from pretrain.train import build_method, make_optimizer
+    cfg = PretrainConfig(method="simsiam", width=0.25, batch_size=16)
+    method = build_method(cfg, None, torch.device("cpu")).train()
+    optimizer, _ = make_optimizer(method, cfg)
+    gen = torch.Generator().manual_seed(0)
+
+    def step():
+        loss, _ = method(augment_views(_views(16), method.n_views, method.augment, gen), None)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        method.after_step()
+    step()
+    with SyncCounter() as counter:
+        step()
+    assert counter.total == 0, dict(counter.calls)
