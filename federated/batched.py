@@ -26,9 +26,9 @@ from torch.func import grad_and_value, vmap
 
 from .aggregate import State
 from .algorithms import ClientContext, FedAvg
-from .datasets.stream import chunks, fetch
+from .datasets.stream import chunks, fetch, on_device
 from .functional import FunctionalModel, tree_stack, tree_to
-from .local import CHECK_EVERY, DivergenceError, one_value_batchnorm
+from .local import DivergenceError, check_interval, one_value_batchnorm
 from .tasks import Task
 
 
@@ -53,7 +53,8 @@ class StackedOptimizer:
         self.name, self.lr, self.momentum, self.wd = name, lr, momentum, weight_decay
         self.buf = {k: torch.zeros_like(v) for k, v in params.items()}
         self.sq = {k: torch.zeros_like(v) for k, v in params.items()} if name == "adam" else {}
-        self.count = torch.zeros(next(iter(params.values())).shape[0], dtype=torch.float64)
+        first = next(iter(params.values()))
+        self.count = torch.zeros(first.shape[0], dtype=torch.float64, device=first.device)  # steps per client
 
     def step(self, params: State, grads: State, rows: Tensor | None) -> None:
         """``grads`` are those of ``rows`` (all clients when None), already corrected by the algorithm."""
@@ -112,14 +113,18 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
     opt = StackedOptimizer(params, optimizer, lr, momentum, weight_decay)
     step = _vmapped_step(fm, algo)
     plan = _step_groups(jobs)
-    # every step's input images in the order the loop below uses them (streamed datasets: decoded ahead)
-    images = fetch(x, [jobs[k].batches[t] for t, groups in plan for group in groups for k in group])
+    # every step's input images and labels in the order the loop below uses them (streamed datasets:
+    # decoded ahead), and the rows of every partial group: moved to the device once, not step by step
+    order = [jobs[k].batches[t] for t, groups in plan for group in groups for k in group]
+    images, labels = fetch(x, order), iter(on_device(order, y.device))
+    partial = [torch.tensor(group) for _, groups in plan for group in groups if len(group) < len(jobs)]
+    partial = iter(on_device(partial, device))
+    check_every = check_interval(device)
     for t, groups in plan:
         for group in groups:  # clients whose batch at step t has one size step together
-            rows = None if len(group) == len(jobs) else torch.tensor(group)
-            inputs, targets = zip(*(task.train_inputs(next(images), y[jobs[k].batches[t].to(y.device)],
-                                                      jobs[k].aug_gen, jobs[k].noise) for k in group),
-                                  strict=True)
+            rows = None if len(group) == len(jobs) else next(partial)
+            inputs, targets = zip(*(task.train_inputs(next(images), y[next(labels)], jobs[k].aug_gen,
+                                                      jobs[k].noise) for k in group), strict=True)
             p, b = _select(params, rows), _select(buffers, rows)
             single = len(jobs[group[0]].batches[t]) == 1  # one-sample batches: as federated.local.local_train
             with one_value_batchnorm(fm.train_model, on=single):
@@ -135,7 +140,7 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
             for i, k in enumerate(group):
                 jobs[k].ctx.steps += 1
                 jobs[k].losses.append(loss[i].detach())
-        if (t + 1) % CHECK_EVERY == 0:
+        if check_every and (t + 1) % check_every == 0:
             _check_finite(jobs)
     _check_finite(jobs)
     return [{**{n: v[k] for n, v in params.items()}, **{n: v[k] for n, v in buffers.items()}}

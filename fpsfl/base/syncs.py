@@ -22,8 +22,6 @@ from torch.overrides import TorchFunctionMode
 _READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"}
 # functions whose output shape depends on the values (the host must read a count back)
 _SHAPES = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"}
-# calls that copy host memory to the device (or a device tensor between devices)
-_COPIES = {"tensor", "as_tensor", "new_tensor", "from_numpy", "to", "cuda", "copy_"}
 
 
 def _name(func) -> str:
@@ -65,9 +63,10 @@ class SyncCounter(TorchFunctionMode):
             self.calls[name] += 1
         elif name == "repeat_interleave" and _tensor_repeats(args, kwargs):
             self.calls[name] += 1
-        elif name in ("tensor", "as_tensor", "new_tensor", "from_numpy"):
-            if name == "new_tensor" and _host_data(args[1:]) or name != "new_tensor" and _host_data(args):
-                self.calls[name] += 1
+        elif name == "new_tensor" and _host_data(args[1:]):  # host data onto the source's device
+            self.calls[name] += 1
+        elif name in ("tensor", "as_tensor") and _host_data(args) and kwargs.get("device") is not None:
+            self.calls[name] += 1  # host data onto a named device (without one: a host tensor, no copy)
         elif name in ("to", "cuda", "copy_") and _moves_device(name, args, kwargs):
             self.calls[name] += 1
         elif name == "__getitem__" and _boolean_index(args):

@@ -28,7 +28,7 @@ SYNCS = {  # one call of each kind a GPU step must not make, and its name in the
     "nonzero": lambda: X.nonzero(),
     "bool-index": lambda: X[X > 0],
     "where(cond)": lambda: torch.where(X > 0),
-    "tensor": lambda: torch.tensor([1.0, 2.0]),
+    "tensor": lambda: torch.tensor([1.0, 2.0], device=X.device),
     "new_tensor": lambda: X.new_tensor([1.0]),
     "to": lambda: X.to("cpu"),
     "repeat_interleave": lambda: X.repeat_interleave(COUNTS),
@@ -47,7 +47,8 @@ def test_device_work_is_not_counted():
         y = (X * 2 + 1).to(torch.float64).relu().sum(0, keepdim=True)
         X.repeat_interleave(3)  # a fixed count: the output size is known without the values
         torch.where(X > 0, X, -X)
-        torch.as_tensor(y)  # a tensor from a tensor: no host data
+        torch.as_tensor(y, device=X.device)  # a tensor from a tensor: no host data
+        torch.tensor([1, 2])  # a host tensor: nothing copied to a device
     assert counter.total == 0, dict(counter.calls)
 
 
@@ -129,3 +130,21 @@ def test_a_simsiam_pretraining_step_reads_nothing_back(sync_free):
     with SyncCounter() as counter:
         step()
     assert counter.total == 0, dict(counter.calls)
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "scaffold", "moon"])
+def test_a_vectorised_round_reads_the_same_whatever_its_steps(tmp_path, monkeypatch, algo):
+    """``--client-batch``: a round of 2 local epochs makes the syncs of a round of 1 (evaluation and
+    aggregation), none per step, with partial groups (alpha 0.5 gives clients of unequal sizes). As a GPU
+    runs it: the losses read after the last step."""
+    import federated.batched as batched
+    from tests.federated.test_batched import _round
+    monkeypatch.setattr(batched, "check_interval", lambda device: 0)
+    torch.set_num_threads(1)
+    calls = []
+    for epochs in (1, 2):
+        cfg = _cfg(algo, clients=4, batch_size=12, local_epochs=epochs, alpha=0.5)
+        with SyncCounter() as counter:
+            _round(tmp_path, cfg, 4, f"e{epochs}")
+        calls.append(dict(counter.calls))
+    assert calls[0] == calls[1]
