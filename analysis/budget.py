@@ -28,7 +28,7 @@ from fpsfl.base.checkpoint import load_checkpoint
 from fpsfl.base.cli import TEXT
 from fpsfl.base.device import resolve_device
 
-from .output import new_figure, output_dir, save_figure, write_json
+from .output import FORCE_HELP, new_figure, output_dir, save_figure, write_json
 from .probe import add_probe_flags, check_checkpoints, mean_std, probe_checkpoint, probe_data, random_baseline
 from .runs import AnalysisError, Run, load_runs, read_metrics
 
@@ -143,7 +143,7 @@ def cmd_budget(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs) if args.runs else []
     check_checkpoints(args.checkpoints)
     data = probe_data(args.dataset, args.data_root, args.seed)
-    out = output_dir(args.out, runs, args.checkpoints)
+    out = output_dir(args.out, runs, args.checkpoints, ("budget.png", "budget.json"), args.force)
     seeds = list(range(args.seed, args.seed + args.seeds))
     result = budget_points(args.checkpoints, runs, data, args.device, seeds, args.input_size, args.bn)
     result["dataset"] = args.dataset
@@ -173,4 +173,5 @@ def register(sub) -> None:
     add_probe_flags(p)
     p.add_argument("--out", type=TEXT, help="output folder (default: analysis/ in the common parent of the "
                    "checkpoints and runs)")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(run=cmd_budget)

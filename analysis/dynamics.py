@@ -16,7 +16,7 @@ import argparse
 
 from fpsfl.base.cli import TEXT
 
-from .output import OUT_HELP, new_figure, output_dir, save_figure, write_json
+from .output import FORCE_HELP, OUT_HELP, new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs
 
 
@@ -76,7 +76,7 @@ def plot_dynamics(series: dict[str, list[dict]], path) -> None:
 
 def cmd_dynamics(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
-    out = output_dir(args.out, runs)
+    out = output_dir(args.out, runs, writes=("dynamics.png", "dynamics.json"), force=args.force)
     series = {run.name: _federated(run) for run in runs}
     plot_dynamics(series, out / "dynamics.png")
     write_json(out / "dynamics.json", series)
@@ -94,4 +94,5 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="*", metavar="RUN", help="federate run directories (drawn on one figure)")
     p.add_argument("--out", type=TEXT, help=OUT_HELP)
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(run=cmd_dynamics)

@@ -37,7 +37,7 @@ from federated.oracle.combine import State
 from federated.oracle.evaluate import Evaluator
 from fpsfl.base.cli import INT, SEED, TEXT, UsageError, number, positive
 
-from .output import OUT_HELP, new_figure, output_dir, save_figure, write_json
+from .output import FORCE_HELP, OUT_HELP, new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild
 
 PLANES = ("anchors", "pca", "random")
@@ -282,7 +282,8 @@ def run_landscape(args: argparse.Namespace) -> None:
     positive("--batch-size", args.batch_size)
     runs = load_runs(args.runs)
     _check_runs(runs, args.plane)
-    out = output_dir(args.out, runs)
+    out = output_dir(args.out, runs, writes=(f"landscape_{args.plane}.png", f"landscape_{args.plane}.json"),
+                     force=args.force)
     states = _load_states(runs)
     s = rebuild(runs[0], args.device)
     _check_fits(s.model.state_dict(), states[0], runs[0])
@@ -335,4 +336,5 @@ def register(sub) -> None:
                    help="re-estimate BatchNorm statistics on the training subset at every point")
     p.add_argument("--device", type=TEXT, default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--out", type=TEXT, default=None, help=OUT_HELP)
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(run=run_landscape)

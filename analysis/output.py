@@ -27,15 +27,28 @@ FIGSIZE = (6.0, 4.0)  # inches
 DPI = 100  # so a figure is 600 x 400 px
 
 
-def output_dir(out: str | None, runs: list, inputs: list[str | Path] = ()) -> Path:
+FORCE_HELP = "replace the files an earlier analysis left in the output folder (refused without it)"
+
+
+def output_dir(out: str | None, runs: list, inputs: list[str | Path] = (), writes: tuple[str, ...] = (),
+               force: bool = False) -> Path:
     """``out`` if given, else RUN/figures for one run, else ``<common parent>/analysis`` of the runs'
-    folders or of ``inputs`` (checkpoint files); created and checked writable. Call it once the inputs
-    are checked: a command that fails on its input leaves no folder behind."""
+    folders or of ``inputs`` (checkpoint files); created and checked writable. A file of ``writes`` (the
+    names the command will write) that is there already is refused in one line unless ``force``: a second
+    analysis into the same folder (two reports of other runs beside each other) never replaces the first
+    one's silently. Call it once the inputs are checked: a command that fails on its input leaves no folder
+    behind."""
     if out:
-        return writable_dir(Path(out))
-    if len(runs) == 1 and not inputs:
-        return writable_dir(runs[0].path / "figures")
-    return writable_dir(default_dir([run.path for run in runs] + [Path(p).parent for p in inputs]))
+        folder = Path(out)
+    elif len(runs) == 1 and not inputs:
+        folder = runs[0].path / "figures"
+    else:
+        folder = default_dir([run.path for run in runs] + [Path(p).parent for p in inputs])
+    there = [name for name in writes if (folder / name).exists()]
+    if there and not force:
+        raise UsageError(f"{folder / there[0]} is there already (an earlier analysis); --force replaces "
+                         f"it, or another --out")
+    return writable_dir(folder)
 
 
 def default_dir(folders: list[Path]) -> Path:

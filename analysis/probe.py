@@ -29,7 +29,7 @@ from pretrain.backbones import create_backbone
 from pretrain.probe import BN_MODES, ProbeData, probe
 from pretrain.signals import checkpoint_drift, deepest_cos, verdict
 
-from .output import output_dir, write_json
+from .output import FORCE_HELP, output_dir, write_json
 from .runs import AnalysisError
 
 RANDOM_SEEDS = 3  # random inits in the baseline (issue 38: a gain counts only against 3 seeds' spread)
@@ -106,7 +106,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
     check_checkpoints(args.checkpoints)
     device = resolve_device(args.device)
     data = probe_data(args.dataset, args.data_root, args.seed)
-    out = output_dir(args.out, [], args.checkpoints)
+    out = output_dir(args.out, [], args.checkpoints, ("probe.json",), args.force)
     seeds = list(range(args.seed, args.seed + args.seeds))
     rows = [probe_checkpoint(p, data, args.input_size, device, args.bn) for p in args.checkpoints]
     baselines_for(rows, data, device, seeds, args.bn)
@@ -154,4 +154,5 @@ def register(sub) -> None:
     add_probe_flags(p)
     p.add_argument("--out", type=TEXT,
                    help="output folder for probe.json (default: analysis/ beside the checkpoints)")
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(run=cmd_probe)

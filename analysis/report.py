@@ -36,7 +36,7 @@ from .cells import (
     inputs_of,
     pool_notes,
 )
-from .output import OUT_HELP, output_dir, write_json
+from .output import FORCE_HELP, OUT_HELP, output_dir, write_json
 from .runs import AnalysisError, Run, load_runs, resume_command
 
 
@@ -213,7 +213,7 @@ def final_entry(run: Run) -> Entry:
 
 def run_report(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
-    out = output_dir(args.out, runs)
+    out = output_dir(args.out, runs, writes=("report.md", "report.json"), force=args.force)
     entries = [final_entry(r) for r in runs]
     if args.paper:
         report = paper.build_paper(args.paper, entries, paper.row_map(args.row))
@@ -241,4 +241,5 @@ def register(sub) -> None:
                         "checkpoint's file stem), e.g. --row fps-resnet20=FPS (repeatable; random, imagenet "
                         "and places365 map to Random, ImageNet and Places365 by default)")
     p.add_argument("--out", type=TEXT, default=None, help=OUT_HELP)
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(run=run_report)

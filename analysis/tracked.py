@@ -15,7 +15,7 @@ import numpy as np
 from federated.oracle.tracking import SEARCH, TrackConfig, Tracker
 from fpsfl.base.cli import TEXT, add_settings, settings_from
 
-from .output import OUT_HELP, new_figure, output_dir, save_figure, write_json
+from .output import FORCE_HELP, OUT_HELP, new_figure, output_dir, save_figure, write_json
 from .runs import AnalysisError, Run, load_runs, rebuild
 
 
@@ -47,7 +47,8 @@ def tracked_rows(run: Run, kind: str, args: argparse.Namespace) -> list[dict]:
 
 def cmd_convex(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
-    out = output_dir(args.out, runs)  # before the (possibly long) analysis: a bad --out fails now
+    # before the (possibly long) analysis: a bad --out fails now
+    out = output_dir(args.out, runs, writes=("convex.png", "convex.json"), force=args.force)
     series = {run.name: tracked_rows(run, "convex", args) for run in runs}
     fig, (ax, gx) = new_figure(2)
     for i, (name, rows) in enumerate(series.items()):
@@ -82,7 +83,8 @@ def _hist_rounds(text: str | None, rows: list[dict]) -> list[int]:
 
 def cmd_variance(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs)
-    out = output_dir(args.out, runs)
+    out = output_dir(args.out, runs, writes=("variance.png", "variance_hist.png", "variance.json"),
+                     force=args.force)
     series = {run.name: tracked_rows(run, "variance", args) for run in runs}
     fig, (ax, vx) = new_figure(2)
     for i, (run, (name, rows)) in enumerate(zip(runs, series.items(), strict=True)):
@@ -120,6 +122,7 @@ def cmd_variance(args: argparse.Namespace) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="*", metavar="RUN", help="federate run directories (drawn on one figure)")
     p.add_argument("--out", type=TEXT, help=OUT_HELP)
+    p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.add_argument("--device", type=TEXT, default="auto",
                    help="for runs analysed from saved client models (default auto)")
     group = p.add_argument_group("for runs analysed from saved client models (--save-local-models) rather "

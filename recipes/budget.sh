@@ -40,8 +40,8 @@ if [ "$FEDAVG" = 1 ]; then
     for seed in $SEEDS; do fedavg random random "$seed"; done
     runs=(--runs "$OUT"/budget-fl-*)
 fi
-analyze budget "${ckpts[@]}" "${runs[@]}" --device "$DEVICE" --out "$OUT/budget-digits"
+analyze budget --force "${ckpts[@]}" "${runs[@]}" --device "$DEVICE" --out "$OUT/budget-digits"
 if [ -n "$PROBE_DATA" ]; then
-    analyze budget "${ckpts[@]}" --dataset imagefolder --data-root "$PROBE_DATA" --input-size 32 \
+    analyze budget --force "${ckpts[@]}" --dataset imagefolder --data-root "$PROBE_DATA" --input-size 32 \
         --device "$DEVICE" --out "$OUT/budget-natural"
 fi

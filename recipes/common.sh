@@ -134,5 +134,5 @@ fl() {  # fl OUTDIR FEDERATE-ARGS...: a federate run with the scale's rounds and
 report() {  # report NAME ANALYZE-REPORT-ARGS...: the table in $OUT/NAME (report.md, report.json)
     local name=$1
     shift
-    analyze report "$@" --out "$OUT/$name"
+    analyze report "$@" --out "$OUT/$name" --force  # the recipe owns its report: rewritten from the runs
 }

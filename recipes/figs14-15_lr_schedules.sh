@@ -26,6 +26,6 @@ for dataset in cifar10 tinyimagenet; do
                 --track variance --track-every 1 --variance-samples "$samples"
         done
     done
-    analyze dynamics "$OUT"/f14-"$dataset"-* --out "$OUT/fig$([ "$dataset" = cifar10 ] && echo 14 || echo 15)-dynamics"
-    analyze variance "$OUT"/f14-"$dataset"-* --out "$OUT/fig$([ "$dataset" = cifar10 ] && echo 14 || echo 15)-variance"
+    analyze dynamics --force "$OUT"/f14-"$dataset"-* --out "$OUT/fig$([ "$dataset" = cifar10 ] && echo 14 || echo 15)-dynamics"
+    analyze variance --force "$OUT"/f14-"$dataset"-* --out "$OUT/fig$([ "$dataset" = cifar10 ] && echo 14 || echo 15)-variance"
 done

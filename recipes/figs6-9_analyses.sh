@@ -45,13 +45,13 @@ for dataset in cifar10 tinyimagenet; do
         if [ "$dataset" = cifar10 ]; then  # Fig. 9: the same init under other data conditions
             for a in 0.1 1.0; do fl "$OUT/f9-$dataset-$kind-a$a" "${data[@]}" --alpha "$a" --init "$init"; done
             fl "$OUT/f9-$dataset-$kind-iid" "${data[@]}" --partition iid --init "$init"
-            analyze landscape "$OUT/f9-$dataset-$kind-a0.1" "$run" "$OUT/f9-$dataset-$kind-a1.0" \
+            analyze landscape --force "$OUT/f9-$dataset-$kind-a0.1" "$run" "$OUT/f9-$dataset-$kind-a1.0" \
                 "$OUT/f9-$dataset-$kind-iid" "${landscape[@]}" --device "$DEVICE" --out "$OUT/fig9-$dataset-$kind"
         fi
     done
-    analyze dynamics "${runs[@]}" --out "$OUT/fig6-$dataset"
-    analyze convex "${runs[@]}" --out "$OUT/fig7-$dataset"  # per round: FedAvg's global model vs lambda*
+    analyze dynamics --force "${runs[@]}" --out "$OUT/fig6-$dataset"
+    analyze convex --force "${runs[@]}" --out "$OUT/fig7-$dataset"  # per round: FedAvg's global model vs lambda*
     # trained with lambda* throughout: final accuracies beside FedAvg's (the -oc runs track nothing)
     report "fig7-$dataset-trained" "${runs[@]}" "$OUT"/f7-"$dataset"-*-oc
-    analyze variance "${runs[@]}" --out "$OUT/fig8-$dataset"
+    analyze variance --force "${runs[@]}" --out "$OUT/fig8-$dataset"
 done

@@ -93,3 +93,21 @@ def test_runs_in_a_source_tree_need_an_explicit_out(tmp_path, monkeypatch, capsy
         default_dir([tmp_path / "a", tmp_path / "b"])
     beside = default_dir([tmp_path / "a" / "x", tmp_path / "a" / "y"])
     assert beside == (tmp_path / "a" / "analysis").resolve()
+
+
+def test_a_second_analysis_into_the_same_folder_is_refused_unless_forced(tmp_path, capsys):
+    """Issue 42: two reports of other runs into one --out (or one run's figures/ twice) never replace
+    the first one's files silently: one line, exit 2, the files untouched; --force replaces them."""
+    runs = [str(p) for p in _runs(tmp_path / "runs")]
+    out = tmp_path / "out"
+    assert analyze(["report", *runs[:2], "--out", str(out)]) == 0
+    first = (out / "report.md").read_text()
+    assert analyze(["dynamics", runs[0]]) == 0  # into RUN/figures
+    capsys.readouterr()
+    for args in (["report", runs[2], "--out", str(out)], ["dynamics", runs[0]]):
+        assert analyze(args) == 2, args
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "--force" in err, err
+    assert (out / "report.md").read_text() == first
+    assert analyze(["report", runs[2], "--out", str(out), "--force"]) == 0
+    assert (out / "report.md").read_text() != first
