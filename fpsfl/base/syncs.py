@@ -12,7 +12,9 @@ on a GPU it is a host-to-device copy.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -90,3 +92,19 @@ def _moves_device(name: str, args: tuple, kwargs: dict) -> bool:
         if isinstance(target, (torch.device, str)):
             return True
     return False
+
+
+@functools.lru_cache(maxsize=64)
+def _device_constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def device_constant(values: Sequence[float], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``values`` as a 1-D tensor on ``device``, made once per device and dtype: copied from the host every
+    batch, it would make each step wait for the device (issue 40). Never written to."""
+    return _device_constant(tuple(float(v) for v in values), torch.device(device), dtype)
+
+
+def channel_constant(values: Sequence[float], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """:func:`device_constant` as (1, C, 1, 1), to broadcast over a (B, C, H, W) batch."""
+    return device_constant(values, device, dtype).view(1, -1, 1, 1)
