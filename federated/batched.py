@@ -27,7 +27,7 @@ from torch.func import grad_and_value, vmap
 from .aggregate import State
 from .algorithms import ClientContext, FedAvg
 from .datasets.stream import chunks, fetch, on_device
-from .functional import FunctionalModel, tree_stack, tree_to
+from .functional import FunctionalModel, tree_stack
 from .local import DivergenceError, check_interval, one_value_batchnorm
 from .tasks import Task
 
@@ -107,9 +107,8 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
     params, buffers = _stack(model, [job.start for job in jobs])
     fm = FunctionalModel(model.train(), task)
     device = next(model.parameters()).device
-    # each client's hook tensors (client_tensors first: it may create server state), stacked along clients
-    clients = tree_stack([tree_to(algo.client_tensors(job.ctx, model), device) for job in jobs])
-    shared = tree_to(algo.shared_tensors(jobs[0].ctx), device)
+    hooks = [algo.hook_tensors(job.ctx, model) for job in jobs]  # each client's, on the device
+    clients, shared = tree_stack([client for client, _ in hooks]), hooks[0][1]
     opt = StackedOptimizer(params, optimizer, lr, momentum, weight_decay)
     step = _vmapped_step(fm, algo)
     plan = _step_groups(jobs)

@@ -29,6 +29,7 @@ from fpsfl.base.images import (
     sample_crop_boxes,
 )
 from fpsfl.base.images import check_images as _check
+from fpsfl.base.syncs import to_device
 
 PAD_CROP_MAX_SIDE = 32  # px: images this small that are trained at their stored side get pad-and-crop
 
@@ -72,8 +73,7 @@ def pad_crop(x: Tensor, pad: int, offsets: Tensor, flip: Tensor) -> Tensor:
     b, s = x.shape[0], x.shape[1]
     padded = F.pad(x, (0, 0, pad, pad, pad, pad))  # (B, S + 2 pad, S + 2 pad, 3), zeros = black
     ar = torch.arange(s, device=x.device)
-    if offsets.device != x.device:  # drawn on another device than the images (no copy when they agree)
-        offsets, flip = offsets.to(x.device), flip.to(x.device)
+    offsets, flip = to_device(offsets, x.device), to_device(flip, x.device)
     rows = offsets[:, 1:2] + ar  # (B, S)
     cols = offsets[:, 0:1] + torch.where(flip[:, None], s - 1 - ar, ar)  # (B, S)
     batch = torch.arange(b, device=x.device)[:, None, None]
@@ -91,7 +91,7 @@ def augment_batch(x: Tensor, aug: TrainAugment, generator: torch.Generator) -> T
         out = pad_crop(x, aug.pad, offsets, flip).permute(0, 3, 1, 2).float()
     else:
         boxes = sample_crop_boxes(b, s, s, aug.crop_scale, aug.crop_ratio, generator, dev)
-        flip = (torch.rand(b, generator=generator, device=generator.device) < aug.flip_p).to(dev)
+        flip = to_device(torch.rand(b, generator=generator, device=generator.device) < aug.flip_p, dev)
         out = resized_crop(x.permute(0, 3, 1, 2).float(), boxes, aug.input_size, flip)
     return normalise(out, aug.mean, aug.std)
 

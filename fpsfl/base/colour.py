@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .syncs import channel_constant
+from .syncs import channel_constant, to_device
 
 LUMA = (0.2989, 0.587, 0.114)  # ITU-R 601-2 luma weights, rounded as torchvision's tensor rgb_to_grayscale
 _HUE_OFFSETS = (5.0, 3.0, 1.0)  # sextant offsets of R, G, B in the HSV -> RGB formula
@@ -15,7 +15,7 @@ _HUE_OFFSETS = (5.0, 3.0, 1.0)  # sextant offsets of R, G, B in the HSV -> RGB f
 
 def _col(v: Tensor, x: Tensor) -> Tensor:
     """A per-sample parameter (B,) as (B, 1, 1, 1) in x's dtype and device, to broadcast over images."""
-    return (v if v.device == x.device else v.to(x.device)).to(x.dtype).view(-1, 1, 1, 1)
+    return to_device(v, x.device).to(x.dtype).view(-1, 1, 1, 1)
 
 
 def _luma(x: Tensor) -> Tensor:

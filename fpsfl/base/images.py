@@ -42,7 +42,7 @@ from .colour import (  # noqa: F401 (the colour ops are part of this module's in
     rgb_to_hsv,
     to_grayscale,
 )
-from .syncs import channel_constant, device_constant  # noqa: F401 (also used by federated.tasks)
+from .syncs import channel_constant, device_constant, to_device
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # the ImageNet statistics every input is normalised with
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -145,7 +145,7 @@ def resized_crop(x: Tensor, boxes: Tensor, out_size: int, flip: Tensor) -> Tenso
 def _rand(n: int, generator: torch.Generator, device: torch.device | str) -> Tensor:
     """n uniforms in [0, 1) from the generator (on its own device), moved to ``device`` if that differs."""
     u = torch.rand(n, generator=generator, device=generator.device)
-    return u if u.device == torch.device(device) else u.to(device)
+    return to_device(u, device)
 
 
 # Whether augmentation runs in its sync-free form (issue 40): every sample computed and the selection kept

@@ -94,6 +94,13 @@ def _moves_device(name: str, args: tuple, kwargs: dict) -> bool:
     return False
 
 
+def to_device(t: Tensor, device: torch.device | str) -> Tensor:
+    """``t`` on ``device``, moved only when it lies elsewhere. An explicit ``.to(device)`` in a step counts as
+    a sync (:class:`SyncCounter` cannot tell on the CPU where a tensor would lie on a GPU), so a move meant
+    only across devices goes through here and says so."""
+    return t if t.device == torch.device(device) else t.to(device)
+
+
 @functools.lru_cache(maxsize=64)
 def _device_constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
     return torch.tensor(values, dtype=dtype, device=device)
