@@ -127,6 +127,23 @@ def row_map(pairs: Sequence[str]) -> dict[str, str]:
     return rows
 
 
+def departure_map(pairs: Sequence[str], key: str) -> dict[tuple[str, str], str]:
+    """``--departure ROW/COLUMN=TEXT`` flags: what a cell's runs did otherwise than the paper's number
+    (issue 41: a departure that can change a result is shown beside that number). ROW ``*``: every row."""
+    table, out = TABLES[key], {}
+    for pair in pairs:
+        cell, sep, text = pair.partition("=")
+        row, slash, column = cell.rpartition("/")
+        if not sep or not slash or not row.strip() or not text.strip():
+            raise AnalysisError(f"--departure expects ROW/COLUMN=TEXT (a cell of the paper's table and what "
+                                f"its runs did otherwise), got {pair!r}")
+        if column.strip() not in table.columns:
+            raise AnalysisError(f"--departure {pair!r}: {key} has no column {column.strip()!r} (its columns: "
+                                f"{', '.join(table.columns)})")
+        out[row.strip(), column.strip()] = text.strip()
+    return out
+
+
 @dataclass
 class PaperReport:
     key: str
@@ -135,6 +152,7 @@ class PaperReport:
     cells: dict[tuple[str, str], Cell]
     numbers: dict[tuple[str, str], PaperNumber]
     notes: list[str]
+    departures: dict[tuple[str, str], str] = field(default_factory=dict)  # (row, column): what differs
 
     def value(self, row: str, column: str) -> float | None:
         """The measured value of a cell (a derived column's too), or None."""
@@ -144,10 +162,13 @@ class PaperReport:
         return cell.mean if cell else None
 
 
-def build_paper(key: str, entries: Sequence[tuple], rows: dict[str, str]) -> PaperReport:
-    """The runs (config, final acc, name) as the cells of paper table ``key``."""
+def build_paper(key: str, entries: Sequence[tuple], rows: dict[str, str],
+                departures: Sequence[str] = ()) -> PaperReport:
+    """The runs (config, final acc, name) as the cells of paper table ``key``; ``departures`` are
+    ``ROW/COLUMN=TEXT`` flags, each marked on its cell beside the paper's number."""
     if key not in TABLES:
         raise AnalysisError(f"--paper {key}: choose from {', '.join(TABLES)}")
+    differs = departure_map(departures, key)
     table, numbers = TABLES[key], paper_numbers(key)
     grouped: dict[tuple[str, str], list[Entry]] = {}
     for e in (Entry(*e) for e in entries):
@@ -167,7 +188,22 @@ def build_paper(key: str, entries: Sequence[tuple], rows: dict[str, str]) -> Pap
     if extra:
         notes.append(f"rows the paper does not have: {', '.join(extra)} (map an init label to a paper row "
                      f"with --row LABEL=ROW)")
-    return PaperReport(key, table, paper_rows + extra, cells, numbers, notes)
+    unknown = [f"{r}/{c}" for r, c in differs if r not in paper_rows + extra + ["*"]]
+    if unknown:
+        raise AnalysisError(f"--departure {', '.join(unknown)}: no such row in {key} (its rows: "
+                            f"{', '.join(paper_rows + extra)})")
+    marked: dict[tuple[str, str], list[str]] = {}
+    for (row, column), text in differs.items():  # a row's own departure after the one of every row
+        for r in (paper_rows + extra if row == "*" else [row]):
+            marked.setdefault((r, column), []).append(text)
+    differs = {cell: "; ".join(texts) for cell, texts in marked.items()}
+    return PaperReport(key, table, paper_rows + extra, cells, numbers, notes, differs)
+
+
+def _marks(report: PaperReport) -> dict[tuple[str, str], str]:
+    """Each departing cell's mark (†1, †2, ... in table order)."""
+    cells = [(r, c) for r in report.rows for c in report.table.columns if (r, c) in report.departures]
+    return {cell: f"†{i}" for i, cell in enumerate(cells, 1)}
 
 
 def _text(report: PaperReport, row: str, column: str) -> str:
@@ -178,7 +214,8 @@ def _text(report: PaperReport, row: str, column: str) -> str:
     if number is None:
         return measured
     paper = f"{number.value:.1f}" + (f" ± {number.std:.2f}" if number.std is not None else "")
-    return f"{measured} · paper {paper}"
+    mark = _marks(report).get((row, column), "")
+    return f"{measured} · paper {paper}" + (f" {mark}" if mark else "")
 
 
 def paper_markdown(report: PaperReport) -> str:
@@ -191,15 +228,20 @@ def paper_markdown(report: PaperReport) -> str:
     for row in report.rows:
         lines.append(f"| {row} | {' | '.join(_text(report, row, c) for c in columns)} |")
     lines += [""] + [f"Note: {n}." for n in report.notes]
+    marks = _marks(report)
+    lines += [f"{marks[cell]} {cell[0]} / {cell[1]}: this cell departs from the paper's: "
+              f"{report.departures[cell].rstrip('.')}." for cell in marks]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _cell_json(report: PaperReport, row: str, column: str) -> dict:
+    cell, number = report.cells.get((row, column)), report.numbers.get((row, column))
+    return {"measured": report.value(row, column), "runs": cell.record() if cell else None,
+            "paper": vars(number) if number else None, "departure": report.departures.get((row, column))}
 
 
 def paper_json(report: PaperReport) -> dict:
     return {"paper_table": report.key, "title": report.table.title, "columns": list(report.table.columns),
             "notes": report.notes, "rows": [
-                {"row": row, "cells": {c: {"measured": report.value(row, c),
-                                           "runs": report.cells[row, c].record() if (row, c) in report.cells
-                                           else None,
-                                           "paper": vars(report.numbers[row, c]) if (row, c) in report.numbers
-                                           else None}
-                                       for c in report.table.columns}} for row in report.rows]}
+                {"row": row, "cells": {c: _cell_json(report, row, c) for c in report.table.columns}}
+                for row in report.rows]}

@@ -212,11 +212,13 @@ def final_entry(run: Run) -> Entry:
 
 
 def run_report(args: argparse.Namespace) -> None:
+    if (args.departure or args.row) and not args.paper:
+        raise AnalysisError("--row and --departure mark the paper's table: give --paper TABLE too")
     runs = load_runs(args.runs)
     out = output_dir(args.out, runs, writes=("report.md", "report.json"), force=args.force)
     entries = [final_entry(r) for r in runs]
     if args.paper:
-        report = paper.build_paper(args.paper, entries, paper.row_map(args.row))
+        report = paper.build_paper(args.paper, entries, paper.row_map(args.row), args.departure)
         markdown, record = paper.paper_markdown(report), paper.paper_json(report)
     else:
         tables = build_tables(entries)
@@ -240,6 +242,11 @@ def register(sub) -> None:
                    help="with --paper: the paper's row of an init label (random, imagenet, places365 or a "
                         "checkpoint's file stem), e.g. --row fps-resnet20=FPS (repeatable; random, imagenet "
                         "and places365 map to Random, ImageNet and Places365 by default)")
+    p.add_argument("--departure", action="append", default=[], metavar="ROW/COLUMN=TEXT",
+                   help="with --paper: mark a cell whose runs differ from the paper's setting in a way that "
+                        "can change the result, e.g. --departure 'FPS/C10=SimSiam; the paper's 79.9 is "
+                        "MoCo-V2' (repeatable; ROW * marks the column's every row; the mark and TEXT are "
+                        "printed beside the paper's number)")
     p.add_argument("--out", type=TEXT, default=None, help=OUT_HELP)
     p.add_argument("--force", action="store_true", help=FORCE_HELP)
     p.set_defaults(run=run_report)

@@ -154,6 +154,34 @@ def test_paper_table2_puts_each_number_beside_its_cell():
     assert "| ImageNet | – · paper 90.8 | – · paper 93.3 | – · paper 2.5 |" in md
 
 
+def test_a_departure_is_marked_beside_the_papers_number_and_in_the_record():
+    from analysis.paper import build_paper, paper_json, paper_markdown, row_map
+
+    entries = [(_cfg(), 0.80), (_cfg(centralized=True), 0.90), (_cfg(init="/w/fps-resnet20.ckpt"), 0.85)]
+    report = build_paper("table2", entries, row_map(["fps-resnet20=FPS"]),
+                         ["*/Centralised=500 epochs", "FPS/Federated=SimSiam, not MoCo", "FPS/Centralised=x"])
+    md = paper_markdown(report)
+    assert "| Random | 80.0 · paper 82.7 | 90.0 · paper 91.7 †1 | 10.0 · paper 9.0 |" in md
+    assert "| FPS | 85.0 · paper 84.9 †2 | – · paper 92.0 †3 |" in md
+    assert "†2 FPS / Federated: this cell departs from the paper's: SimSiam, not MoCo." in md
+    assert "†3 FPS / Centralised: this cell departs from the paper's: 500 epochs; x." in md  # both said
+    cells = {r["row"]: r["cells"] for r in paper_json(report)["rows"]}
+    assert cells["ImageNet"]["Centralised"]["departure"] == "500 epochs"
+    assert cells["Random"]["Federated"]["departure"] is None
+    plain = paper_markdown(build_paper("table2", entries, row_map([])))
+    assert "†" not in plain
+    for bad, says in (("FPS/Federated", "ROW/COLUMN=TEXT"), ("FPS=x", "ROW/COLUMN=TEXT"),
+                      ("FPS/C10=x", "no column 'C10'"), ("Nobody/Federated=x", "no such row")):
+        with pytest.raises(AnalysisError, match=says):
+            build_paper("table2", entries, row_map([]), [bad])
+
+
+def test_departure_without_paper_exits_2(runs, capsys):
+    assert main(["report", str(runs / "fl0"), "--departure", "Random/Federated=x", "--out",
+                 str(runs / "dep")]) == 2
+    assert "give --paper TABLE too" in capsys.readouterr().err
+
+
 def test_paper_table4_columns_come_from_the_geo_split_and_table6_from_the_dataset():
     from analysis.paper import build_paper, paper_markdown, row_map
 
