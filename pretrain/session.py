@@ -11,8 +11,7 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
-from fpsfl.base.files import LockedError, clean_stale, lock_file, unlock_file
-from fpsfl.base.rundir import RunDir, RunDirError
+from fpsfl.base.rundir import RunDir, RunDirError, lock_out
 
 from . import distributed
 from .recipe import RunOptions
@@ -29,7 +28,7 @@ def lock_run(run: RunDir, mode: str, opts: RunOptions, stack: ExitStack) -> bool
     resume = (run.has_state() or run.config_path.is_file()) if mode == "auto" else mode == "yes"
     for locked in (False, True):  # checked before the lock too, so that a refusal touches no file
         if locked:
-            lock_out(Path(opts.out), stack)
+            lock_out(Path(opts.out), stack, out_names(Path(opts.out)))
         if not resume and Path(opts.out).exists():
             held = (f"{run.path} holds no training state" if mode == "auto" else
                     "pass --resume to continue its run")
@@ -61,22 +60,6 @@ def _undo_out(run: RunDir, out: Path):
 # the files --out's lock guards: --out and its --keep-every copies (kept_path)
 def out_names(out: Path) -> re.Pattern:
     return re.compile(f"{re.escape(out.name)}|{re.escape(out.stem)}\\.e\\d{{4,}}{re.escape(out.suffix)}")
-
-
-def lock_out(out: Path, stack: ExitStack) -> None:
-    """Hold ``.NAME.lock`` beside --out for the run's life (removed at its end): two runs with one --out
-    and two run directories would otherwise both find it absent and overwrite each other's checkpoints.
-    Then remove the temporary files killed writers of --out left."""
-    lock = out.with_name(f".{out.name}.lock")
-    try:
-        fd = lock_file(lock, f"--out {out} is being written by process {{holder}}; wait for it to finish or "
-                             f"choose another --out")
-    except LockedError as exc:
-        raise RunDirError(str(exc)) from None
-    except OSError as exc:
-        raise RunDirError(f"cannot write beside --out {out}: {exc.strerror or exc}") from None
-    stack.callback(unlock_file, lock, fd)
-    clean_stale(out.parent, out_names(out), recursive=False)
 
 
 def start_run(run: RunDir, resume: bool, opts: RunOptions, config: dict, world: int) -> dict | None:

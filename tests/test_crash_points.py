@@ -1,7 +1,8 @@
 """Issue 31: a crash at every file operation of a run, then ``--resume`` (see :mod:`tests.crash_sweep`).
 
-A tiny ``pretrain`` (``--keep-every 1 --probe digits``, 2 epochs) and a tiny ``federate`` (SCAFFOLD, whose
-clients keep state; tracked convex and variance analyses; one round's local models saved; 2 rounds). The
+A tiny ``pretrain`` (``--keep-every 1 --probe digits``, 2 epochs), a tiny ``federate`` (SCAFFOLD, whose
+clients keep state; tracked convex and variance analyses; one round's local models saved; 2 rounds) and a tiny
+``federate self-pretrain`` (Orchestra, whose server keeps its global centroids; 2 rounds; issue 42). The
 full sweep, every operation of both, is slow; the default suite runs a sample of points (seeded, printed).
 Each prints its count. At every point the demo's "finished" marker of the step is checked too: it may say
 finished only when every artifact is there.
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from federated.cli import main as federate
+from federated.initialisation import shipped_progress
 from fpsfl.demo.cli import federate_done, pretrain_done
 from pretrain.cli import main as pretrain
 from tests.crash_sweep import Sweep
@@ -37,9 +39,25 @@ def _federate(root: Path) -> list:
             "--convex-epochs", "1", "--save-local-models", "1"]
 
 
+def _self_pretrain(root: Path) -> list:
+    return ["--out", root / "sp.ckpt", "--width", "0.25", "--clients", "3", "--rounds", "2", "--local-epochs",
+            "1", "--device", "cpu", "--quiet", "--alpha", "1.0", "--batch-size", "64", "--algo", "orchestra",
+            "--set", "local_clusters=4", "--set", "global_clusters=2"]
+
+
+def _self_pretrain_done(root: Path) -> bool:
+    """The demo's rule for a checkpoint: its file holds the run's last round."""
+    if not (root / "sp.ckpt").is_file():
+        return False
+    done, total = shipped_progress(root / "sp.ckpt")
+    return done == total
+
+
 SWEEPS = {  # the demo's markers: pretrain_done of its run directory, federate_done of its final.pt
     "pretrain": lambda: Sweep("pretrain", pretrain, _pretrain, lambda r: pretrain_done(r / "a.run", EPOCHS)),
     "federate": lambda: Sweep("federate", federate, _federate, lambda r: federate_done(r / "r" / "final.pt")),
+    "self-pretrain": lambda: Sweep("self-pretrain", lambda argv: federate(["self-pretrain", *argv]),
+                                   _self_pretrain, _self_pretrain_done),
 }
 
 
@@ -63,6 +81,6 @@ def test_every_crash_point_resumes_to_the_uninterrupted_run(tmp_path, name):
     _sweep(tmp_path, name, None)
 
 
-@pytest.mark.parametrize("name, points", [("pretrain", 1), ("federate", 1)])
+@pytest.mark.parametrize("name, points", [("pretrain", 1), ("federate", 1), ("self-pretrain", 1)])
 def test_sampled_crash_points_resume_to_the_uninterrupted_run(tmp_path, name, points):
     _sweep(tmp_path, name, points)

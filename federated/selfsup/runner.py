@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ from tqdm import tqdm
 
 from fpsfl.base.checkpoint import make_checkpoint, plain, save_checkpoint
 from fpsfl.base.device import resolve_device
-from fpsfl.base.rundir import RunDir, RunDirError
+from fpsfl.base.rundir import RunDir, RunDirError, lock_out
 from pretrain.backbones import create_backbone
 
 from ..datasets import ImageData
@@ -57,8 +58,9 @@ def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, 
         held = "pass --resume to continue its run, or " if rundir.has_state() else ""
         raise RunDirError(f"--out {opts.out} already exists and is not overwritten; {held}choose another "
                           f"--out")
-    with rundir.session(opts.resume):
-        source = None if opts.resume else resolve_init(fed.init, fed.init_format, fed.arch)  # opened once
+    with _out_locked(Path(opts.out)), rundir.session(opts.resume):
+        resume = opts.resume and rundir.has_state()  # else a --resume starts a run killed before its state
+        source = None if resume else resolve_init(fed.init, fed.init_format, fed.arch)  # opened once
         if source is not None:
             check_init(fed.arch, fed.width, source)  # before the (slow) data loading
         data, _, parts = partitioned(fed, data)
@@ -78,11 +80,14 @@ def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, 
                   "init_sha256": source.sha256 if source is not None else init_sha256(fed.init),
                   "partition": {"settings": partition_settings(fed), "indices_sha256": indices_sha256(
                       [p.numpy() for p in parts]), "sizes": [len(p) for p in parts]}}
-        if opts.resume:
+        if resume:
             state = _load_resumable(rundir, config)
             model.load_state_dict(state["model"])
             start = int(state["done"]) + 1
         else:
+            if opts.resume:  # killed in its first round: started again once the settings match (issue 42)
+                _check_settings(rundir, config)
+                rundir.start_again(config, compare=())
             rundir.create(config, opts)
             start = 1 - method.warmup_rounds
         write_partition_report(rundir.path, [p.numpy() for p in parts], data.train_y.numpy(), data.n_classes,
@@ -145,8 +150,22 @@ def _rounds(method, model, fed: FederateConfig, sp: SelfPretrainConfig, opts: Se
     return rows
 
 
+@contextmanager
+def _out_locked(out: Path) -> Iterator[None]:
+    """--out's lock for the run's life; the temporary file a killed run left while writing it is removed."""
+    with ExitStack() as stack:
+        lock_out(out, stack)
+        yield
+
+
 def _load_resumable(rundir: RunDir, config: dict) -> dict:
-    """The saved state, once every setting matches the saved one; the --init path is compared by its
+    """The saved state, once every setting matches the saved one (:func:`_check_settings`)."""
+    _check_settings(rundir, config)
+    return rundir.load_state(config, compare=())
+
+
+def _check_settings(rundir: RunDir, config: dict) -> None:
+    """Refuse a --resume with other settings than the saved run's; the --init path is compared by its
     sha256 (a moved init file resumes, another file of the same name does not)."""
     saved, mine = rundir.saved_config(), plain(config)
     for part in ("self_pretrain", "method", "federate", "partition", "input_size"):
@@ -162,4 +181,3 @@ def _load_resumable(rundir: RunDir, config: dict) -> dict:
     if recorded and now and recorded != now:
         raise RunDirError(f"--resume: --init is not the file this run started from (its sha256 differs from "
                           f"the one in {rundir.config_path})")
-    return rundir.load_state(config, compare=())

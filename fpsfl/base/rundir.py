@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,16 @@ from typing import Any
 import torch
 
 from .checkpoint import load_weights_only, plain
-from .files import CRASH_ENV, LockedError, append_line, atomic_save, atomic_write, clean_stale, lock_file
+from .files import (
+    CRASH_ENV,
+    LockedError,
+    append_line,
+    atomic_save,
+    atomic_write,
+    clean_stale,
+    lock_file,
+    unlock_file,
+)
 from .settings import setting
 from .tensorboard import ScalarWriter, check_log_dir, run_log_dir
 
@@ -366,3 +375,20 @@ def step_ranges(steps: list[int]) -> str:
             start = None
     return ", ".join(parts)
 
+
+
+def lock_out(out: Path, stack: ExitStack, names: re.Pattern | None = None) -> None:
+    """Hold ``.NAME.lock`` beside a run's output file ``out`` for the run's life (removed at its end): two
+    runs with one --out and two run directories would otherwise both find it absent and overwrite each
+    other's files. Then remove the temporary files killed writers of ``out`` (and of the files ``names``
+    matches, e.g. pretrain's --keep-every copies) left."""
+    lock = out.with_name(f".{out.name}.lock")
+    try:
+        fd = lock_file(lock, f"--out {out} is being written by process {{holder}}; wait for it to finish or "
+                             f"choose another --out")
+    except LockedError as exc:
+        raise RunDirError(str(exc)) from None
+    except OSError as exc:
+        raise RunDirError(f"cannot write beside --out {out}: {exc.strerror or exc}") from None
+    stack.callback(unlock_file, lock, fd)
+    clean_stale(out.parent, names or re.compile(re.escape(out.name)), recursive=False)
