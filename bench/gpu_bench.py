@@ -1,280 +1,389 @@
-"""The GPU verification of issue 26 in one process: every section's figures into one JSON file.
+"""Steady-state GPU throughput in one call of at most 8 minutes (issue 40): ``bash bench/gpu.sh`` runs this.
 
-``bench/gpu.sh`` installs the carried wheels and calls this. Sections, each recorded as it finishes (so a run
-cut short still leaves what it measured), each with ``status`` ok | failed | skipped:
+One JSON line per measurement, each with the device's name, appended as it finishes (a run cut short keeps
+what it measured), into ``--out DIR`` (default ``bench/gpu-results/``) as ``<device>-<commit>-<time>.jsonl``.
+Each line has ``bench`` and ``status`` (ok | failed | skipped, with the reason). In order, each started only
+while the time budget (``--budget``, default 440 s) leaves room for it:
 
-- ``environment``: torch, CUDA device, cores, commit; ``install``: which optional packages import.
-- ``pytest_gpu``: ``pytest -m gpu`` (passed / failed / skipped counts).
-- ``pretrain``: pairs/s at 32 px (ResNet20, batch 256) and 224 px (ResNet18, batch 64), with and without
-  ``--amp``, with 0, 4 and 8 workers; each row the second epoch (the first pays cuDNN's autotuning and the
-  renderer's start), its ``data_wait`` share, the model's consumption (pairs/s while not waiting for data)
-  and the renderer's feed (``fractals bench``'s pairs/s with as many workers, at least 1).
-- ``federate``: seconds a round on CIFAR-10-shaped random data (50,000 / 10,000 images, 10 clients,
-  Dir(0.3), 1 local epoch, batch 32) at ``--client-batch 1`` and auto, FedAvg and SCAFFOLD.
-- ``torchrun``: a 1-process torchrun pre-training on the GPU, and an NCCL all-reduce (a world of one process
-  creates no process group in ``pretrain``, so the collective is checked on its own).
-- ``flower``: ``federate --engine flower`` with ``num_gpus`` client resources.
+- ``pretrain``: pairs/s of ``pretrain``'s own step loop (:func:`pretrain.train.run_epoch`: augmentation on
+  the device, forward, loss, backward, SGD, its finiteness check every 16 steps) on one fixed batch of uint8
+  pairs already on the device, so the model's consumption without the renderer (whose feed the H100 run of
+  2026-11-25 measured). A warm-up epoch (cuDNN's autotuning, compilation: its seconds are ``warmup_s``), then
+  an epoch of 200 steps, timed as ``pretrain`` times an epoch (no profiling syncs). SimSiam, ResNet20 at
+  32 px, batch 256, bf16 autocast (the recipes' ``--amp``), eager (``pretrain``'s default, cuDNN benchmark
+  off) and ``--compile`` (:func:`pretrain.train.compile_step`, inductor).
+- ``federate``: local-training image-steps/s on CIFAR-10-shaped random data (half of CIFAR-10's 50,000 train
+  images, 10 clients, Dir(0.3), 1 local epoch, batch 32, ResNet20, FedAvg), one client at a time
+  (``--client-batch 1``) and the round's clients vectorised (``--client-batch 10``, what ``auto`` gives on a
+  GPU); the second round is timed (the first pays the warm-up), training only (a sync before and after).
+- ``table2``: Table 2's FedAvg setting (``recipes/table2_cifar10.sh``: full-size CIFAR-10-shaped data,
+  10 clients, Dir(0.3) without balancing, 100 rounds x 5 local epochs, batch 32, lr 0.01, local accuracies
+  on, ``--client-batch auto``) for as many rounds as the budget allows while keeping room for the rows after
+  it (at least 2 when they fit), extrapolated: first round + 99 x the mean of the later ones.
+- ``pretrain`` at 224 px (ResNet18, batch 64, eager and compiled), then MoCo-v2 at 32 px, if time allows.
 
-``--dry-run`` runs the same steps on the CPU at tiny sizes (gloo instead of NCCL, 0 and 1 workers), for CI.
+``--dry-run`` runs every measurement on the CPU at tiny sizes (compiled rows with the ``aot_eager`` backend,
+vectorised clients allowed on the CPU) in about 20 s, and ``--check FILE`` verifies a file's lines.
+``--checks`` runs the GPU checks of issue 26 instead (``bench/gpu_checks.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: gpu_checks, federate_round
+from gpu_checks import CHECKS, REPO, Skip, run  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Row:
+    """One ``pretrain`` measurement."""
+
+    method: str = "simsiam"
+    arch: str = "resnet20"
+    width: float = 1.0
+    size: int = 32
+    batch: int = 256
+    amp: bool = True
+    compiled: bool = False
+    need_s: float = 25.0  # seconds it must have left to start
+
+    @property
+    def name(self) -> str:
+        mode = "compiled" if self.compiled else "eager"
+        return f"{self.method}-{self.arch}-{self.size}px-b{self.batch}-{mode}"
+
+
+def _pair(row: Row, compile_need: float) -> tuple[Row, Row]:
+    return row, replace(row, compiled=True, need_s=compile_need)
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """What each section runs; the GPU sizes fit the whole script in 10 minutes on one H100."""
-
     device: str
-    pretrain: tuple[tuple[int, str, float, int, int], ...]  # (px, arch, width, batch, steps an epoch)
-    workers: tuple[int, ...]
-    feed_pairs: dict[int, int]  # px -> pairs the renderer is timed on, per worker
-    fed_scale: float  # fraction of CIFAR-10's size
-    fed_clients: int
-    fed_rounds: int  # the last is reported (the first includes warm-up)
-    flower: tuple[int, int, str]  # (clients, rounds, resources)
-    timeout: int  # s per subprocess
+    first: tuple[Row, ...]  # before federate
+    later: tuple[Row, ...]  # after table2, if time allows
+    warm_steps: int
+    steps: int  # the measured epoch
+    heads: dict = field(default_factory=dict)  # method_args by method
+    fed: dict = field(default_factory=dict)  # FederateConfig overrides
+    fed_scale: float = 0.5
+    fed_need_s: float = 60.0  # seconds a federate row must have left to start (2 rounds, ~20 s on an H100)
+    t2_scale: float = 1.0
+    t2_max_rounds: int = 100
+    t2_keep_s: float = 155.0  # left for the later rows while table2 runs beyond its second round
+    budget: float = 440.0
 
 
-GPU = Sizes("cuda", ((32, "resnet20", 1.0, 256, 24), (224, "resnet18", 1.0, 64, 6)), (0, 4, 8),
-            {32: 5000, 224: 100}, 1.0, 10, 2, (4, 2, "num_cpus=1,num_gpus=0.25"), 240)
-DRY = Sizes("cpu", ((16, "resnet20", 0.25, 8, 1), (32, "resnet20", 0.25, 8, 1)), (0, 1),
-            {16: 40, 32: 40}, 0.004, 2, 1, (2, 1, "num_cpus=1,num_gpus=0"), 120)
-
-
-class Skip(Exception):
-    """A section that cannot run here (e.g. Flower not installed); recorded as skipped with the reason."""
+# compiled rows need 130 s to start (ResNet20 took 50-70 s to compile with inductor on 2 CPU cores), table2
+# keeps the 224 px pair's 25 + 130 s beyond its second round
+GPU = Sizes("cuda", _pair(Row(), 130),
+            (*_pair(Row(arch="resnet18", size=224, batch=64), 130), *_pair(Row(method="mocov2"), 130)),
+            warm_steps=30, steps=200)
+_TINY = Row(width=0.25, size=16, batch=8, need_s=5)
+DRY = Sizes("cpu", _pair(_TINY, 5),
+            (*_pair(replace(_TINY, size=32), 5), *_pair(replace(_TINY, method="mocov2"), 5)),
+            warm_steps=2, steps=3, heads={"simsiam": {"proj_dim": 32, "pred_dim": 8},
+                                          "mocov2": {"hidden_dim": 32, "bank_size": 64}},
+            fed={"clients": 2, "width": 0.25}, fed_scale=0.004, fed_need_s=2, t2_scale=0.004, t2_max_rounds=2,
+            t2_keep_s=5, budget=120)
 
 
 def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".replace("\n", " ")[:500]
 
 
-class Report:
-    """The JSON file, rewritten after every section."""
+class Lines:
+    """The JSON-lines file: every record gets the run's common fields and is appended at once."""
 
-    def __init__(self, path: Path, budget_s: float):
-        self.path, self.data, self.start, self.budget = path, {}, time.perf_counter(), budget_s
+    def __init__(self, path: Path, common: dict, budget_s: float):
+        self.path, self.common, self.start, self.budget = path, common, time.perf_counter(), budget_s
+        path.parent.mkdir(parents=True, exist_ok=True)
 
     def left(self) -> float:
         return self.budget - (time.perf_counter() - self.start)
 
-    def section(self, name: str, fn: Callable[[], dict]) -> None:
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({**self.common, **record}) + "\n")
+        detail = record.get("reason") or record.get("error") or ""
+        print(f"[gpu.sh] {record['bench']} {record.get('name', '')}: {record['status']} {detail}".rstrip(),
+              flush=True)
+
+    def measure(self, bench: str, name: str, fn: Callable[[], dict], need_s: float = 0.0) -> dict:
+        """``fn()``'s record, or the reason it did not run (budget, Skip) or its error; written either way."""
         t = time.perf_counter()
-        if self.left() <= 0:
-            result = {"status": "skipped", "reason": "time budget spent"}
+        if self.left() < need_s:
+            result = {"status": "skipped",
+                      "reason": f"time budget: {self.left():.0f} s left, {need_s:.0f} s needed"}
         else:
             try:
                 result = {"status": "ok", **fn()}
             except Skip as why:
                 result = {"status": "skipped", "reason": str(why)}
-            except Exception as exc:  # a failed section is a result; the next sections still run
+            except Exception as exc:  # a failed measurement is a result; the next still run
                 result = {"status": "failed", "error": one_line(exc),
                           "where": traceback.format_exc().splitlines()[-3:]}
-        result["seconds"] = round(time.perf_counter() - t, 1)
-        self.data[name] = result
-        self.path.write_text(json.dumps(self.data, indent=1) + "\n")
-        print(f"[gpu.sh] {name}: {result['status']} ({result['seconds']} s)", flush=True)
+        record = {"bench": bench, "name": name, **result, "wall_s": round(time.perf_counter() - t, 1)}
+        self.write(record)
+        return record
 
 
-def run(cmd: list[str], timeout: int, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **env})
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
-def checked(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    if done.returncode != 0:
-        raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip()[-400:]}")
-    return done
+class FixedPairs:
+    """A ``pretrain`` source of ``steps`` batches, all one batch of uint8 pairs already on the device."""
+
+    def __init__(self, pairs: torch.Tensor, steps: int):
+        self.pairs, self.steps = pairs, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def batches(self, epoch: int):
+        for _ in range(self.steps):
+            yield {"images": self.pairs}
 
 
-def environment(sizes: Sizes) -> dict:
-    commit = run(["git", "rev-parse", "--short", "HEAD"], 10).stdout.strip() or "unknown"
-    cuda = torch.cuda.is_available()
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-            "device": torch.cuda.get_device_name(0) if cuda else "cpu", "gpus": torch.cuda.device_count(),
-            "cores": len(os.sched_getaffinity(0)), "commit": commit, "dry_run": sizes.device == "cpu"}
-
-
-def installed() -> dict:
-    """The versions of the packages the GPU image may lack (None: absent), read without importing them."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in ("lightly", "segmentation-models-pytorch", "hydra-core", "omegaconf",
-                 "antlr4-python3-runtime", "numba", "flwr", "ray"):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    return {"packages": found}
-
-
-def pytest_gpu(sizes: Sizes) -> dict:
-    # only the files that hold gpu tests: collecting the whole suite costs ~10 s more on 2 cores
-    files = sorted(str(f.relative_to(REPO)) for f in (REPO / "tests").rglob("test_*.py")
-                   if "mark.gpu" in f.read_text())
-    done = run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files],
-               sizes.timeout * 2)
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", done.stdout)}
-    failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    if done.returncode not in (0, 5) or failed:  # 5: nothing collected
-        raise RuntimeError(f"exit {done.returncode}, {counts}: {'; '.join(failed)[:400]}")
-    return {"files": files, "counts": counts, "all_skipped": counts.get("passed", 0) == 0}
-
-
-def pretrain_rows(sizes: Sizes, tmp: Path) -> dict:
-    """pairs/s of every (size, amp, workers), the model's consumption and the renderer's feed."""
-    from fractals.ifs import bank_or_sample
-    from fractals.throughput import measure
+def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
     from pretrain.recipe import PretrainConfig, RunOptions
-    from pretrain.train import train
+    from pretrain.train import build_method, compile_step, make_optimizer, run_epoch, set_lr
 
-    heads = {"proj_dim": 32, "pred_dim": 8} if sizes.device == "cpu" else {}  # tiny heads on the dry run
-    bank, rows, feeds = bank_or_sample(None, 0), [], {}
-    for size, arch, width, batch, steps in sizes.pretrain:
-        for workers in sizes.workers:
-            n = sizes.feed_pairs[size] * max(workers, 1)
-            feeds[size, workers] = measure(bank, size, n, max(workers, 1), progress=False)["pairs_per_s"]
-            for amp in (False, True):
-                cfg = PretrainConfig(arch=arch, width=width, size=size, epochs=2, batch_size=batch,
-                                     pairs_per_epoch=batch * steps, amp=amp, method_args=heads)
-                name = f"p{size}-w{workers}-{'amp' if amp else 'fp32'}"
-                opts = RunOptions(out=tmp / f"{name}.ckpt", device=sizes.device, workers=workers,
-                                  progress=False, profile=True, run_dir=tmp / f"{name}.run")
-                last = train(cfg, opts)  # epoch 2: the first pays cuDNN's autotuning and the workers' start
-                busy = max(1.0 - last["data_wait"], 1e-9)
-                rows.append({"size": size, "arch": arch, "batch": batch, "amp": amp, "workers": workers,
-                             "pairs_per_s": round(last["pairs_per_s"], 1),
-                             "data_wait": round(last["data_wait"], 3),
-                             "model_pairs_per_s": round(last["pairs_per_s"] / busy, 1),
-                             "renderer_feed_pairs_per_s": round(feeds[size, workers], 1),
-                             "bound_by": "renderer" if last["data_wait"] > 0.1 else "model"})
-    return {"rows": rows, "note": "pairs_per_s of epoch 2; model_pairs_per_s = pairs_per_s / "
-                                  "(1 - data_wait); renderer feed: fractals bench with max(workers, 1) "
-                                  "worker processes"}
+    torch.backends.cudnn.benchmark = False  # pretrain's eager default; compile_step turns it on
+    cfg = PretrainConfig(method=row.method, arch=row.arch, width=row.width, size=row.size,
+                         batch_size=row.batch, epochs=2, amp=row.amp and device.type == "cuda",
+                         method_args=sizes.heads.get(row.method, {}))
+    method = build_method(cfg, None, device).to(memory_format=torch.channels_last)
+    optimizer, base_lr = make_optimizer(method, cfg)
+    model = compile_step(method, device) if row.compiled else method
+    g = torch.Generator().manual_seed(0)
+    shape = (2, row.batch, row.size, row.size, 3)
+    pairs = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device)
+    opts = RunOptions(device=str(device), progress=False, run_dir=Path("gpu-bench"))  # named in errors only
+    t = time.perf_counter()
+    for epoch, steps in enumerate((sizes.warm_steps, sizes.steps)):
+        if epoch == 1:
+            warmup = time.perf_counter() - t
+        set_lr(optimizer, base_lr, epoch, cfg.epochs)
+        record = run_epoch(method, FixedPairs(pairs, steps), optimizer, cfg, epoch, device, opts, model)
+    del model, method, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    backend = os.environ.get("FPSFL_TEST_COMPILE_BACKEND", "inductor") if row.compiled else None
+    return {**asdict(row), "amp": cfg.amp, "backend": backend, "pairs_per_s": round(record["pairs_per_s"], 1),
+            "steps": record["steps"], "epoch_s": round(record["seconds"], 2), "warmup_s": round(warmup, 1),
+            "warmup_steps": sizes.warm_steps, "loss": round(record["loss"], 4)}
 
 
-def federate_rows(sizes: Sizes, tmp: Path) -> dict:
-    """Seconds a round at --client-batch 1 and auto, FedAvg and SCAFFOLD, on CIFAR-10-shaped data."""
-    from federate_round import cifar_shaped  # bench/, beside this file
+@contextlib.contextmanager
+def timed_training(device: torch.device, log: list[tuple[float, int]],
+                   before: Callable[[int], None] | None = None):
+    """Wrap federate's in-process dispatcher: each round's local training timed (a sync before and after)
+    with its image-steps (the clients' samples x local epochs); ``before(round)`` may stop the run."""
+    import federated.rounds as rounds
+
+    inner = rounds.train_in_process
+
+    def timed(s, cfg, plan, device_, bar):
+        if before is not None:
+            before(plan.rnd)
+        sync(device)
+        t = time.perf_counter()
+        out = inner(s, cfg, plan, device_, bar)
+        sync(device)
+        log.append((time.perf_counter() - t, sum(len(p) for pools in plan.pools for p in pools)))
+        return out
+    rounds.train_in_process = timed
+    try:
+        yield
+    finally:
+        rounds.train_in_process = inner
+
+
+@contextlib.contextmanager
+def vectorised_on_cpu(allow: bool):
+    """The dry run's vectorised clients: federate refuses --client-batch K > 1 on a CPU (it cannot equal
+    K = 1 there), which is no matter for a timing."""
+    import federated.runner as runner
+
+    refuse = runner.check_client_batch
+    if allow:
+        runner.check_client_batch = lambda cfg, device: None
+    try:
+        yield
+    finally:
+        runner.check_client_batch = refuse
+
+
+def federate_rate(sizes: Sizes, device: torch.device, k: int, tmp: Path) -> dict:
+    from federate_round import cifar_shaped
 
     from federated.experiment import FederateConfig, RunOptions
     from federated.runner import run as federate
 
-    data, rows = cifar_shaped(sizes.fed_scale), []
-    width = 0.25 if sizes.device == "cpu" else 1.0
-    for algo in ("fedavg", "scaffold"):
-        for k in (1, None):
-            cfg = FederateConfig(dataset="cifar10", clients=sizes.fed_clients, rounds=sizes.fed_rounds,
-                                 local_epochs=1, lr=0.01, batch_size=32, client_batch=k, algo=algo,
-                                 width=width)
-            out = tmp / f"fed-{algo}-{k or 'auto'}"
-            records = federate(cfg, RunOptions(out=out, device=sizes.device, progress=False), data)
-            rows.append({"algo": algo, "client_batch": k or "auto",
-                         "seconds_per_round": [round(r["seconds"], 2) for r in records],
-                         "test_acc": round(records[-1]["test_acc"], 4)})
-    return {"rows": rows, "setting": f"cifar10-shaped x{sizes.fed_scale}, resnet20 x{width}, "
-                                     f"{sizes.fed_clients} clients, Dir(0.3), E=1, B=32; auto = every "
-                                     f"client of the round on a GPU, 1 on a CPU"}
+    cfg = FederateConfig(dataset="cifar10", rounds=2, local_epochs=1, lr=0.01, batch_size=32, client_batch=k,
+                         eval_local=False, **sizes.fed)
+    log: list[tuple[float, int]] = []
+    with timed_training(device, log), vectorised_on_cpu(device.type == "cpu" and k > 1):
+        rows = federate(cfg, RunOptions(out=tmp / f"fed-k{k}", device=str(device), progress=False),
+                        cifar_shaped(sizes.fed_scale))
+    seconds, images = log[-1]
+    return {"client_batch": k, "clients": cfg.clients, "scale": sizes.fed_scale, "local_epochs": 1,
+            "batch": 32, "image_steps_per_s": round(images / seconds, 1), "train_s": round(seconds, 2),
+            "images": images, "round_s": [round(r["seconds"], 2) for r in rows],
+            "first_round_train_s": round(log[0][0], 2)}
 
 
-def torchrun_check(sizes: Sizes, tmp: Path) -> dict:
-    """A 1-process torchrun pre-training, then one all-reduce in the backend a multi-GPU run would use."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
-    _, arch, width, batch, steps = sizes.pretrain[0]
-    done = checked(run([*torchrun, "-m", "pretrain.cli", "fps", "--device", sizes.device, "--arch", arch,
-                        "--width", str(width), "--size", "32", "--epochs", "1", "--batch-size", str(batch),
-                        "--pairs-per-epoch", str(batch * steps), "--workers", "0", "--profile", "--quiet",
-                        "--out", str(tmp / "torchrun.ckpt")], sizes.timeout))
-    profile = json.loads(done.stdout.splitlines()[0])["profile"]
-    backend = "nccl" if sizes.device == "cuda" else "gloo"
-    reduced = checked(run([*torchrun, str(Path(__file__).resolve()), "--collective", backend], sizes.timeout))
-    return {"pretrain_pairs_per_s": round(profile["pairs_per_s"], 1),
-            "collective": json.loads(reduced.stdout.splitlines()[-1])}
+class OutOfBudget(Exception):
+    pass
 
 
-def collective(backend: str) -> None:
-    """Under torchrun: one all-reduce and one object broadcast; prints the result as JSON."""
-    import torch.distributed as dist
-
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if backend == "nccl" else torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend)
-    x = torch.ones(4, device=device)
-    dist.all_reduce(x)
-    box = [{"hello": dist.get_rank()}]
-    dist.broadcast_object_list(box, src=0)
-    ok = bool((x == dist.get_world_size()).all()) and box[0] == {"hello": 0}
-    dist.destroy_process_group()
-    print(json.dumps({"backend": backend, "world": int(os.environ["WORLD_SIZE"]), "ok": ok}))
+def first_round_s(sizes: Sizes, vectorised: dict) -> float:
+    """What Table 2's first round needs: 5 local epochs of full-size data at the vectorised rate, and as much
+    again for warm-up and the local and global evaluations (10 s when that rate is unknown)."""
+    rate = vectorised.get("image_steps_per_s")
+    return 2 * 5 * 49_000 * sizes.t2_scale / rate if rate else 10.0
 
 
-def flower_check(sizes: Sizes, tmp: Path) -> dict:
-    """``federate --engine flower`` with the clients' resources (Ray), on digits."""
-    if run([sys.executable, "-c", "import flwr, ray"], 60).returncode:
-        raise Skip("flwr[simulation] is not installed (carry its wheels, or pip install -e '.[flower]')")
-    clients, rounds, resources = sizes.flower
-    out = tmp / "flower"
-    checked(run([sys.executable, "-m", "federated.cli", "--engine", "flower", "--dataset", "digits",
-                 "--clients", str(clients), "--rounds", str(rounds), "--local-epochs", "1", "--no-eval-local",
-                 "--device", sizes.device, "--flower-resources", resources, "--quiet", "--out", str(out)],
-                sizes.timeout))
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"resources": resources, "seconds_per_round": [round(r["seconds"], 2) for r in records],
-            "test_acc": records[-1]["test_acc"]}
+def table2_run(sizes: Sizes, device: torch.device, lines: Lines, tmp: Path) -> dict:
+    from federate_round import cifar_shaped
+
+    from federated.experiment import FederateConfig, RunOptions
+    from federated.runner import run as federate
+
+    cfg = FederateConfig(dataset="cifar10", rounds=100, local_epochs=5, lr=0.01, batch_size=32, alpha=0.3,
+                         balance="none", algo="fedavg", **sizes.fed)
+    starts: list[float] = []
+
+    def before(rnd: int) -> None:  # from the third round on, go on while the later rows keep their time
+        starts.append(time.perf_counter())
+        last = starts[-1] - starts[-2] if len(starts) > 1 else 0.0
+        need = 1.2 * last + (sizes.t2_keep_s if rnd >= 2 else 0.0)
+        if rnd >= sizes.t2_max_rounds or (rnd >= 1 and lines.left() < need):
+            raise OutOfBudget
+
+    log: list[tuple[float, int]] = []
+    out = tmp / "table2"
+    with timed_training(device, log, before):
+        try:
+            federate(cfg, RunOptions(out=out, device=str(device), progress=False),
+                     cifar_shaped(sizes.t2_scale))
+        except OutOfBudget:
+            pass
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    seconds = [r["seconds"] for r in rows]
+    if not seconds:
+        raise RuntimeError("no round finished")
+    steady = sum(seconds[1:]) / len(seconds[1:]) if len(seconds) > 1 else seconds[0]
+    total = seconds[0] + (cfg.rounds - 1) * steady
+    return {"setting": f"cifar10-shaped x{sizes.t2_scale}, {cfg.clients} clients, Dir(0.3) unbalanced, "
+                       f"100 rounds x 5 local epochs, B=32, lr 0.01, FedAvg, local accuracies on, "
+                       f"client-batch auto",
+            "rounds_run": len(rows), "round_s": [round(x, 2) for x in seconds],
+            "steady_round_s": round(steady, 2),
+            "train_s": [round(t, 2) for t, _ in log], "extrapolated_100_rounds_s": round(total, 1),
+            "extrapolated_100_rounds_h": round(total / 3600, 2), "test_acc": rows[-1]["test_acc"]}
+
+
+def environment(sizes: Sizes, budget: float) -> dict:
+    commit = run(["git", "rev-parse", "--short", "HEAD"], 10).stdout.strip() or "unknown"
+    cuda = torch.cuda.is_available() and sizes.device == "cuda"
+    name = torch.cuda.get_device_name(0) if cuda else "cpu"
+    return {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "commit": commit,
+            "cores": len(os.sched_getaffinity(0)), "dry_run": sizes.device == "cpu", "budget_s": budget}
+
+
+def measure_all(sizes: Sizes, out_dir: Path, budget: float) -> Path:
+    common = environment(sizes, budget)
+    slug = re.sub(r"[^a-z0-9]+", "-", common["device"].lower()).strip("-")
+    path = out_dir / f"{slug}-{common['commit']}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    lines = Lines(path, {"device": common["device"], "dry_run": common["dry_run"]}, budget)
+    lines.write({"bench": "environment", "status": "ok", **common, "python": sys.version.split()[0]})
+    device = torch.device(sizes.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for row in sizes.first:
+            lines.measure("pretrain", row.name, lambda r=row: pretrain_rate(r, sizes, device), row.need_s)
+        rates = []
+        for k, name in ((1, "one client at a time"), (sizes.fed.get("clients", 10), "vectorised")):
+            fn = lambda k=k: federate_rate(sizes, device, k, work)  # noqa: E731
+            rates.append(lines.measure("federate", name, fn, sizes.fed_need_s))
+        lines.measure("table2", "fedavg-cifar10", lambda: table2_run(sizes, device, lines, work),
+                      first_round_s(sizes, rates[-1]))
+        for row in sizes.later:
+            lines.measure("pretrain", row.name, lambda r=row: pretrain_rate(r, sizes, device), row.need_s)
+    return path
+
+
+def check(path: Path, sizes: Sizes) -> list[str]:
+    """What is wrong with a results file: unreadable lines, or a measurement missing or not ok."""
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+    except (OSError, ValueError) as exc:
+        return [one_line(exc)]
+    problems = [f"{r['bench']} {r.get('name', '')}: {r['status']} {r.get('error', r.get('reason', ''))}"
+                for r in records if r.get("status") != "ok"]
+    want = {("pretrain", r.name) for r in (*sizes.first, *sizes.later)} | {("table2", "fedavg-cifar10")}
+    want |= {("federate", "one client at a time"), ("federate", "vectorised"), ("environment", None)}
+    found = {(r["bench"], r.get("name")) for r in records}
+    problems += [f"missing: {b} {n or ''}" for b, n in sorted(want - found, key=str)]
+    if any("device" not in r for r in records):
+        problems.append("a line without the device's name")
+    return problems
+
+
+def checks(dry: bool, out_dir: Path, budget: float) -> Path:
+    sizes = DRY if dry else GPU
+    common = environment(sizes, budget)
+    path = out_dir / f"checks-{common['commit']}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    lines = Lines(path, {"device": common["device"], "dry_run": dry}, budget)
+    lines.write({"bench": "environment", "status": "ok", **common})
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, fn in CHECKS.items():
+            lines.measure("check", name, lambda fn=fn: fn(dry, Path(tmp)))
+    return path
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny sizes")
-    p.add_argument("--out", type=Path, default=Path("gpu.json"), help="the JSON file (default: gpu.json)")
-    p.add_argument("--budget", type=float, default=None, help="seconds after which the remaining sections "
-                   "are skipped (default: 540)")
-    p.add_argument("--only", default="", help="comma-separated sections to run (default: all); e.g. "
-                   "federate,flower to re-measure two after a fix, beside environment and install")
-    p.add_argument("--collective", choices=("nccl", "gloo"), help=argparse.SUPPRESS)  # torchrun's worker
+    p.add_argument("--dry-run", action="store_true", help="every measurement on the CPU at tiny sizes")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "gpu-results",
+                   help="folder of the .jsonl file (default: bench/gpu-results)")
+    p.add_argument("--budget", type=float, default=None, help="seconds after which no measurement starts "
+                   "(default: 450 on a GPU, 120 on the dry run)")
+    p.add_argument("--checks", action="store_true", help="the GPU checks of issue 26 instead (gpu_checks.py)")
+    p.add_argument("--check", type=Path, metavar="FILE",
+                   help="only verify FILE's lines (exit 1 unless every measurement is there and ok)")
     args = p.parse_args()
-    if args.collective:
-        return collective(args.collective)
     sizes = DRY if args.dry_run else GPU
+    if args.check:
+        problems = check(args.check, sizes)
+        print("\n".join(f"[gpu.sh] check: {x}" for x in problems) or f"[gpu.sh] {args.check}: every line ok")
+        sys.exit(1 if problems else 0)
     if sizes.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu.sh: no CUDA device; run on a GPU or pass --dry-run")
-    report = Report(args.out, args.budget or 540)  # the dry run took 340 s under load: same budget
-    only = {s for s in args.only.split(",") if s}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        sections = {"environment": lambda: environment(sizes), "install": installed,
-                    "pytest_gpu": lambda: pytest_gpu(sizes), "pretrain": lambda: pretrain_rows(sizes, work),
-                    "federate": lambda: federate_rows(sizes, work),
-                    "torchrun": lambda: torchrun_check(sizes, work),
-                    "flower": lambda: flower_check(sizes, work)}
-        unknown = only - set(sections)
-        if unknown:
-            sys.exit(f"gpu.sh: unknown section(s) {', '.join(sorted(unknown))}; "
-                     f"choose from {', '.join(sections)}")
-        for name, fn in sections.items():
-            if not only or name in only or name in ("environment", "install"):
-                report.section(name, fn)
-    print(f"[gpu.sh] wrote {args.out}")
+    if args.dry_run:
+        # inductor on 2 cores: about a minute a graph
+        os.environ.setdefault("FPSFL_TEST_COMPILE_BACKEND", "aot_eager")
+    budget = args.budget or sizes.budget
+    path = checks(args.dry_run, args.out, budget) if args.checks else measure_all(sizes, args.out, budget)
+    print(f"[gpu.sh] wrote {path}")
 
 
 if __name__ == "__main__":

@@ -184,40 +184,44 @@ def _seeds(n: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, np.iinfo(np.int64).max, n, dtype=np.int64).astype(np.uint64)
 
 
-def fps_pairs(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Generator, rows: slice = ALL):
+def fps_pairs(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Generator, rows: slice = ALL,
+              render: Callable = render_batch):
     """n FPS pairs: uint8 views (2, n, S, S, 3), code ids (n, I_max) with -1 padding, counts (n,).
 
     With ``rows``, all n pairs are drawn but only those rows are rendered and returned: the same pairs,
-    bit for bit, as the rows of the full batch (each scene renders from its own seed)."""
+    bit for bit, as the rows of the full batch (each scene renders from its own seed). ``render``: the
+    renderer, :func:`render_batch` (numba) or one with its contract
+    (:func:`fractals.torch_render.render_batch` with its device bound: the views are a tensor there)."""
     counts = _draw_counts(cfg, n, rng)
     codes = _distinct_codes(len(bank), (n, cfg.codes_per_image[1]), rng)
     seeds = _seeds(n, rng)
     codes, counts = codes[rows], counts[rows]
-    views = render_batch(bank, cfg, codes, counts, seeds[rows], n_views=2)
+    views = render(bank, cfg, codes, counts, seeds[rows], n_views=2)
     return views, np.where(np.arange(codes.shape[1]) < counts[:, None], codes, -1), counts
 
 
 def multilabel_images(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Generator,
-                      n_classes: int = 1000, rows: slice = ALL):
+                      n_classes: int = 1000, rows: slice = ALL, render: Callable = render_batch):
     """n multi-label images (1, n, S, S, 3) over classes = the first ``n_classes`` codes, multi-hot float32
     labels (n, n_classes) (Anderson & Farrell 2022, J = 1,000) and the code ids (n, I_max), -1 padded;
-    ``rows`` as :func:`fps_pairs`."""
+    ``rows`` and ``render`` as :func:`fps_pairs`."""
     if not cfg.codes_per_image[1] <= n_classes <= len(bank):
         raise ValueError(f"n_classes must lie in [{cfg.codes_per_image[1]}, {len(bank)}], got {n_classes}")
     counts = _draw_counts(cfg, n, rng)
     codes = np.stack([rng.choice(n_classes, cfg.codes_per_image[1], replace=False) for _ in range(n)])
     seeds = _seeds(n, rng)
     codes, counts = codes[rows], counts[rows]
-    images = render_batch(bank, cfg, codes, counts, seeds[rows], n_views=1)
+    images = render(bank, cfg, codes, counts, seeds[rows], n_views=1)
     labels = np.zeros((len(codes), n_classes), np.float32)
     present = np.arange(codes.shape[1]) < counts[:, None]
     labels[np.nonzero(present)[0], codes[present]] = 1.0
     return images, labels, np.where(present, codes, -1)
 
 
-def single_images(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Generator, rows: slice = ALL):
+def single_images(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Generator, rows: slice = ALL,
+                  render: Callable = render_batch):
     """n single-fractal images (1, n, S, S, 3), each one code filling the view, and their code ids (n,);
-    ``rows`` as :func:`fps_pairs`.
+    ``rows`` and ``render`` as :func:`fps_pairs`.
 
     Both SimSiam views of such an image come from image-level augmentation ("fractal + SimSiam", Table 6).
     """
@@ -225,7 +229,7 @@ def single_images(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Gene
     codes = rng.integers(0, len(bank), (n, 1))
     seeds = _seeds(n, rng)
     codes = codes[rows]
-    images = render_batch(bank, cfg, codes, np.ones(len(codes), np.int64), seeds[rows], n_views=1)
+    images = render(bank, cfg, codes, np.ones(len(codes), np.int64), seeds[rows], n_views=1)
     return images, codes[:, 0]
 
 
@@ -233,9 +237,10 @@ def single_images(bank: CodeBank, cfg: RenderConfig, n: int, rng: np.random.Gene
 class SceneKind:
     """One kind of pre-training sample (paper Fig. 2c and the Table 6 baselines).
 
-    make(bank, cfg, n, rng, n_classes, rows) returns uint8 images (V, n, S, S, 3), code ids (n, I) padded
-    with -1, and multi-hot labels (n, n_classes) or None; given ``rows`` (a slice of range(n)), only those
-    rows, equal to the same rows of the full batch (a rank's share of a global batch, :mod:`fractals.stream`).
+    make(bank, cfg, n, rng, n_classes, rows, render) returns uint8 images (V, n, S, S, 3), code ids (n, I)
+    padded with -1, and multi-hot labels (n, n_classes) or None; given ``rows`` (a slice of range(n)), only
+    those rows, equal to the same rows of the full batch (a rank's share of a global batch,
+    :mod:`fractals.stream`); ``render`` as :func:`fps_pairs` (default numba's :func:`render_batch`).
     ``views`` is how many views image-level augmentation makes: view v augments rendered view v mod V, so a
     single-fractal image is augmented twice.
     """
@@ -244,18 +249,18 @@ class SceneKind:
     views: int
 
 
-def _make_fps(bank, cfg, n, rng, n_classes, rows=ALL):
-    views, codes, _ = fps_pairs(bank, cfg, n, rng, rows)
+def _make_fps(bank, cfg, n, rng, n_classes, rows=ALL, render=render_batch):
+    views, codes, _ = fps_pairs(bank, cfg, n, rng, rows, render)
     return views, codes, None
 
 
-def _make_multilabel(bank, cfg, n, rng, n_classes, rows=ALL):
-    images, labels, codes = multilabel_images(bank, cfg, n, rng, n_classes, rows)
+def _make_multilabel(bank, cfg, n, rng, n_classes, rows=ALL, render=render_batch):
+    images, labels, codes = multilabel_images(bank, cfg, n, rng, n_classes, rows, render)
     return images, codes, labels
 
 
-def _make_single(bank, cfg, n, rng, n_classes, rows=ALL):
-    images, codes = single_images(bank, cfg, n, rng, rows)
+def _make_single(bank, cfg, n, rng, n_classes, rows=ALL, render=render_batch):
+    images, codes = single_images(bank, cfg, n, rng, rows, render)
     return images, codes[:, None], None
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -22,10 +23,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fpsfl.base.images import AugmentConfig, augment
 
+from . import torch_render
 from .ifs import CodeBank
 from .scenes import SCENE_KINDS, RenderConfig
 
 KINDS = tuple(SCENE_KINDS)
+RENDERERS = ("numba", "torch")  # see StreamConfig.renderer
 
 
 def shard_rows(n: int, rank: int, world: int) -> slice:
@@ -51,10 +54,15 @@ class StreamConfig:
     pairs_per_epoch: int = 1_000_000  # Appendix A.2: 1M pairs per epoch
     seed: int = 0
     n_classes: int = 1000  # multilabel only: J classes (Anderson & Farrell 2022)
+    # numba: fractals.draw on the CPU (in DataLoader workers); torch: fractals.torch_render on the stream's
+    # device (a GPU renders where the model trains), the paper look only, equal in distribution, not in bits
+    renderer: str = "numba"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.renderer not in RENDERERS:
+            raise ValueError(f"renderer must be one of {RENDERERS}, got {self.renderer!r}")
         if self.batch_size <= 0 or self.pairs_per_epoch <= 0:
             raise ValueError("batch_size and pairs_per_epoch must be positive")
 
@@ -68,14 +76,23 @@ class FractalStream(IterableDataset):
     replaces ``"images"``, with V' = 2 for fps and single (two augmentations of one image) and 1 for
     multilabel. On a GPU, leave ``augment`` unset and run :func:`fpsfl.base.images.augment` on the device.
     With ``shard = (rank, world)`` each batch holds only the process's rows (:func:`shard_rows`).
+    With ``cfg.renderer == "torch"`` the images (or views) are tensors on ``device`` (default: CUDA when
+    available); iterate such a stream in the training process, not in DataLoader workers (CUDA does not
+    survive their fork). The codes and per-scene seeds are drawn as for numba, so the two renderers give the
+    same codes and differ only in the scenes' randomness.
     """
 
     def __init__(self, bank: CodeBank, render: RenderConfig, cfg: StreamConfig,
-                 augment_cfg: AugmentConfig | None = None, shard: tuple[int, int] = (0, 1)):
+                 augment_cfg: AugmentConfig | None = None, shard: tuple[int, int] = (0, 1),
+                 device: torch.device | str | None = None):
         super().__init__()
         self.bank, self.render, self.cfg, self.augment_cfg = bank, render, cfg, augment_cfg
         self.shard = shard
         self.epoch = 0
+        self.device = torch.device(device) if device is not None else None
+        if cfg.renderer == "torch":
+            torch_render.check_config(render)
+            self.device = self.device or torch_render.default_device()
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's stream; call before iterating (workers copy the dataset at iteration start)."""
@@ -93,16 +110,18 @@ class FractalStream(IterableDataset):
         rows = shard_rows(n, *self.shard)
         rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, self.epoch, index]))
         kind = SCENE_KINDS[cfg.kind]
-        images, codes, labels = kind.make(self.bank, self.render, n, rng, cfg.n_classes, rows)
+        by = {"render": partial(torch_render.render_batch, device=self.device)} if cfg.renderer == "torch" \
+            else {}
+        images, codes, labels = kind.make(self.bank, self.render, n, rng, cfg.n_classes, rows, **by)
+        images = images if isinstance(images, torch.Tensor) else torch.from_numpy(images)
         out = {"codes": torch.from_numpy(np.asarray(codes, np.int64))}
         if labels is not None:
             out["labels"] = torch.from_numpy(labels)
         if self.augment_cfg is None:
-            out["images"] = torch.from_numpy(images)
+            out["images"] = images
         else:
-            gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
-            out["views"] = augment_views(torch.from_numpy(images), kind.views, self.augment_cfg, gen,
-                                         (rows.start, n))
+            gen = torch.Generator(device=images.device).manual_seed(int(rng.integers(0, 2**62)))
+            out["views"] = augment_views(images, kind.views, self.augment_cfg, gen, (rows.start, n))
         return out
 
     def __iter__(self):

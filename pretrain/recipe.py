@@ -74,6 +74,12 @@ class PretrainConfig:
                                        "instance (the official generator's cache, issue 23); independent: "
                                        "each view renders its own", choices=("shared", "independent"),
                              group="fractal")
+    renderer: str = setting("auto", "who draws the fractals: torch (fractals.torch_render: batched tensor "
+                                    "ops in the training process, on the GPU when CUDA is available, else on "
+                                    "the CPU), numba (the CPU renderer, in --workers processes) or auto "
+                                    "(torch when CUDA is available and --look paper, else numba). They draw "
+                                    "the same codes, and scenes equal in distribution, not bit for bit "
+                                    "(docs/fractals.md)", choices=("auto", "torch", "numba"), group="fractal")
     n_classes: int = setting(1000, "J, the number of fractal classes (Anderson & Farrell 2022)",
                              flag="--classes", within="[1, inf)", group="multilabel")
     amp: bool = setting(False, "bf16 autocast (use on a GPU)")
@@ -117,6 +123,11 @@ class RunOptions(RunFlags):
                                   within="(0, inf)", metavar="MIN", group="run")
     profile: bool = setting(False, "time data wait / augmentation / compute separately and print them as "
                                    "JSON", group="run")
+    compile: bool = setting(False, "torch.compile the training step (forward, loss and backward; the "
+                                   "optimiser stays eager, foreach on a GPU) and let cuDNN autotune its "
+                                   "convolutions: meant for GPUs. The first steps pay the compilation (about "
+                                   "a minute); results equal eager ones up to float rounding "
+                                   "(docs/performance.md: Compiled steps)", group="run")
     probe: str | None = setting(None, "kNN-probe the backbone's frozen features on this labelled set while "
                                       "pre-training (metrics.jsonl: probe_knn_acc; the random init's: "
                                       "probe_init_knn_acc)", choices=tuple(PROBES), group="run",

@@ -15,6 +15,7 @@ so the CPU side only renders or decodes.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -34,23 +35,41 @@ from .recipe import PretrainConfig
 
 HELD_OUT_EPOCH = 2**31 - 1  # the stream's epoch index of the held-out batch (runs have fewer epochs)
 
+
+def renderer_for(cfg: PretrainConfig) -> tuple[str, torch.device | None]:
+    """The renderer of ``--renderer`` and, for torch, its device: the GPU this process trains on when CUDA
+    is available (cuda:LOCAL_RANK under torchrun, as pretrain.distributed.device_for), else the CPU. auto is
+    torch on a CUDA machine (the paper look only: the sparse look is numba's), numba otherwise, so a CPU
+    machine renders as before."""
+    cuda = torch.cuda.is_available()
+    name = cfg.renderer
+    if name == "auto":
+        name = "torch" if cuda and cfg.look == "paper" else "numba"
+    if name == "numba":
+        return name, None
+    return name, torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+
+
 class FractalSource:
     """A :class:`FractalStream` of one scene kind, iterated by a DataLoader with ``workers`` processes."""
 
     def __init__(self, cfg: PretrainConfig, kind: str, workers: int, pin_memory: bool = False):
         bank = bank_or_sample(cfg.bank, cfg.seed)
+        renderer, device = renderer_for(cfg)
         stream_cfg = StreamConfig(kind=kind, batch_size=cfg.batch_size, pairs_per_epoch=cfg.pairs_per_epoch,
-                                  seed=cfg.seed, n_classes=cfg.n_classes)
+                                  seed=cfg.seed, n_classes=cfg.n_classes, renderer=renderer)
         render = RenderConfig.preset(cfg.size, look=cfg.look, instances=cfg.instances)
-        self.stream = FractalStream(bank, render, stream_cfg)
+        self.stream = FractalStream(bank, render, stream_cfg, device=device)
         self.workers, self.pin_memory = workers, pin_memory
         self.n_classes = cfg.n_classes if kind == "multilabel" else None
         self.bank_path = cfg.bank
 
     def fingerprint(self) -> dict:
         """What decides the data beyond the config, for ``--resume`` to compare: the bank file's sha256 (a
-        regenerated bank at the same path is other data); a bank sampled from --seed has none."""
-        return {"bank_sha256": file_sha256(self.bank_path)} if self.bank_path else {}
+        regenerated bank at the same path is other data); a bank sampled from --seed has none. The torch
+        renderer draws other scenes than numba's: it is recorded, so a run does not resume with the other."""
+        torch_drawn = {"renderer": "torch"} if self.stream.cfg.renderer == "torch" else {}
+        return {"bank_sha256": file_sha256(self.bank_path), **torch_drawn} if self.bank_path else torch_drawn
 
     def __len__(self) -> int:
         return len(self.stream)
@@ -63,12 +82,15 @@ class FractalSource:
         """uint8 renders (V, n, S, S, 3) of a fixed batch no epoch trains on (an epoch index beyond any
         run's), whatever the process count: the batch RankMe is measured on."""
         cfg = dataclasses.replace(self.stream.cfg, batch_size=n, pairs_per_epoch=n)
-        stream = FractalStream(self.stream.bank, self.stream.render, cfg)
+        stream = FractalStream(self.stream.bank, self.stream.render, cfg, device=self.stream.device)
         stream.set_epoch(HELD_OUT_EPOCH)
         return stream.batch(0)["images"]
 
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
         self.stream.set_epoch(epoch)
+        if self.stream.cfg.renderer == "torch":  # on the training device, in this process (no forked CUDA)
+            yield from self.stream
+            return
         loader = DataLoader(self.stream, batch_size=None, num_workers=self.workers,
                             pin_memory=self.pin_memory, prefetch_factor=4 if self.workers else None)
         yield from loader

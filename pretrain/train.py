@@ -2,10 +2,11 @@
 
 SGD with momentum, a per-epoch cosine learning-rate schedule (groups marked ``fixed_lr`` keep their rate,
 as SimSiam's predictor), image-level augmentation on the training device, optional bf16 autocast and
-channels-last on CUDA. After every epoch it appends a line to ``metrics.jsonl``, writes the backbone
-checkpoint and then the training state (``state.pt``: weights, optimiser, memory bank, CPU and CUDA RNG
-states), each atomically, so a crash loses at most the epoch in progress and ``--resume`` continues where it
-stopped, bit for bit on CPU (``tests/test_crash_points.py`` kills a run at each of its writes).
+channels-last on CUDA, optionally (``--compile``) a torch.compiled step. After every epoch it appends a line
+to ``metrics.jsonl``, writes the backbone checkpoint and then the training state (``state.pt``: weights,
+optimiser, memory bank, CPU and CUDA RNG states), each atomically, so a crash loses at most the epoch in
+progress and ``--resume`` continues where it stopped, bit for bit on CPU (``tests/test_crash_points.py``
+kills a run at each of its writes).
 
 Under ``torchrun`` (:mod:`pretrain.distributed`) the method is wrapped in DistributedDataParallel and each
 process trains on its rows of every global batch (``--batch-size`` stays the global batch). Identical for
@@ -64,6 +65,9 @@ FLOAT64_ENV = "FPSFL_TEST_FLOAT64"
 # Tests only: "R:E:S" SIGKILLs rank R after step S of epoch E (1-based) in torchrun's first launch, as a
 # preempted node would; the restart (TORCHELASTIC_RESTART_COUNT > 0) runs on.
 KILL_ENV = "FPSFL_TEST_KILL"
+# Tests only: the torch.compile backend of --compile (default inductor); "aot_eager" traces and splits the
+# step as inductor does but runs eager kernels, and compiles in seconds
+COMPILE_BACKEND_ENV = "FPSFL_TEST_COMPILE_BACKEND"
 
 
 class TrainingError(RuntimeError):
@@ -111,6 +115,17 @@ def set_lr(optimizer: torch.optim.Optimizer, base: float, epoch: int, epochs: in
     return lr
 
 
+def compile_step(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``--compile``: ``model`` (the method, or its DDP wrapper) with its forward and loss compiled by
+    torch.compile; AOTAutograd compiles the backward with them, and the optimiser step stays eager (foreach
+    on a GPU: a learning rate that changes every epoch would recompile a compiled step). Static shapes: a
+    short last batch compiles a second graph. On CUDA cuDNN then times each convolution's algorithms once per
+    shape and keeps the fastest (``cudnn.benchmark``, process-wide, as the MoCo and SimSiam references)."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    return torch.compile(model, backend=os.environ.get(COMPILE_BACKEND_ENV, "inductor"), dynamic=False)
+
+
 class _Clock:
     """Accumulates seconds per phase; with ``sync`` it waits for the GPU so each phase gets its own time."""
 
@@ -130,8 +145,9 @@ class _Clock:
 def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int, device: torch.device,
               opts: RunOptions, model: torch.nn.Module | None = None,
               d: distributed.Dist = _ONE) -> dict:
-    """One pass over the source; returns the epoch's metrics. ``model`` is the method or its DDP wrapper."""
-    model = model or method
+    """One pass over the source; returns the epoch's metrics. ``model`` is the method or its DDP wrapper,
+    either maybe compiled (:func:`compile_step`); ``method`` is the eager module underneath."""
+    model = method if model is None else model
     method.train()
     dtype = next(method.parameters()).dtype  # of the views: float32 (float64 under the test hook)
     gen = torch.Generator(device=device).manual_seed(epoch_seed(cfg.seed, epoch))
@@ -285,6 +301,8 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     check_shared(run, d)
     start = restore(state, method, optimizer) if state is not None else 0
     model = distributed.wrap(method, device)
+    if opts.compile:  # the step's forward, loss and backward; ``method`` stays the eager module it updates
+        model = compile_step(model, device)
     probe_data = PROBES[opts.probe]() if opts.probe and d.main else None
     initial = _probe(method, probe_data, cfg, "init") if probe_data is not None and start == 0 else {}
     watch = _rank_watch(source, method, device) if d.main else None

@@ -1,7 +1,9 @@
-"""bench/gpu.sh: its CPU dry run takes every step of the GPU verification and writes every section.
+"""bench/gpu.sh: its CPU dry run takes every measurement of the GPU call and writes every line.
 
-The dry run takes about 70 s on 2 cores (Flower's Ray start-up is half of it); it is the only check CI can
-make of the script that the first GPU session runs before anything else (issue 26).
+The dry run takes about 20 s on 2 cores (compiled rows with the aot_eager backend, Table 2 for 2 rounds on
+200 images); it is the only check CI can make of the script that a GPU session runs first (issues 26, 40).
+The GPU checks of issue 26 (``--checks``: pytest -m gpu, torchrun, Flower) take about 70 s dry, half of it
+Ray's start: ``-m slow``.
 """
 
 import importlib.util
@@ -11,13 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-SECTIONS = ["environment", "install", "pytest_gpu", "pretrain", "federate", "torchrun", "flower"]
 
 
 def _bench_module():
+    sys.path.insert(0, str(REPO / "bench"))
     spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "bench" / "gpu_bench.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -25,37 +28,74 @@ def _bench_module():
     return module
 
 
-def test_dry_run_writes_every_section(tmp_path):
+def _dry_run(tmp_path, *args) -> list[dict]:
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["bash", str(REPO / "bench" / "gpu.sh"), "--dry-run"], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((tmp_path / "gpu.json").read_text())
-    assert list(report) == SECTIONS
-    assert all(report[s]["status"] == "ok" for s in SECTIONS), {s: report[s] for s in SECTIONS}
-    assert report["environment"]["dry_run"] is True
-    if not torch.cuda.is_available():
-        assert report["pytest_gpu"]["all_skipped"] and report["pytest_gpu"]["counts"]["skipped"] >= 4
-    rows = report["pretrain"]["rows"]
-    assert {(r["size"], r["workers"], r["amp"]) for r in rows} == {(s, w, a) for s in (16, 32) for w in (0, 1)
-                                                                  for a in (False, True)}
-    assert all(r["pairs_per_s"] > 0 and r["renderer_feed_pairs_per_s"] > 0 for r in rows)
-    assert {(r["algo"], r["client_batch"]) for r in report["federate"]["rows"]} == {
-        (a, k) for a in ("fedavg", "scaffold") for k in (1, "auto")}
-    assert report["torchrun"]["collective"] == {"backend": "gloo", "world": 1, "ok": True}
-    assert len(report["flower"]["seconds_per_round"]) == 1
+    done = subprocess.run(["bash", str(REPO / "bench" / "gpu.sh"), "--dry-run", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    files = list(tmp_path.glob("*.jsonl"))
+    assert len(files) == 1, files
+    return [json.loads(line) for line in files[0].read_text().splitlines()]
 
 
-def test_a_failing_section_is_recorded_and_the_next_still_runs(tmp_path):
+def test_dry_run_writes_every_measurement(tmp_path):
+    records = _dry_run(tmp_path)
+    assert all(r["status"] == "ok" and r["device"] == "cpu" and r["dry_run"] for r in records), records
+    assert [r["bench"] for r in records] == ["environment", "pretrain", "pretrain", "federate", "federate",
+                                             "table2", "pretrain", "pretrain", "pretrain", "pretrain"]
+    rows = [r for r in records if r["bench"] == "pretrain"]
+    assert [(r["method"], r["size"], r["compiled"]) for r in rows] == [
+        (m, s, c) for m, s in (("simsiam", 16), ("simsiam", 32), ("mocov2", 16)) for c in (False, True)]
+    assert all(r["pairs_per_s"] > 0 and r["steps"] == 3 for r in rows)
+    assert {r["backend"] for r in rows if r["compiled"]} == {"aot_eager"}
+    fed = {r["name"]: r for r in records if r["bench"] == "federate"}
+    assert fed["one client at a time"]["client_batch"] == 1 and fed["vectorised"]["client_batch"] == 2
+    assert all(r["image_steps_per_s"] > 0 and r["images"] > 0 for r in fed.values())
+    table2 = next(r for r in records if r["bench"] == "table2")
+    assert table2["rounds_run"] == 2 and len(table2["round_s"]) == 2
+    steady = table2["round_s"][1]
+    # round_s is rounded to 0.01 s: 99 of its rounding errors
+    assert table2["extrapolated_100_rounds_s"] == pytest.approx(table2["round_s"][0] + 99 * steady, abs=0.6)
+
+
+def test_the_check_finds_a_missing_or_failed_measurement(tmp_path, capsys):
     bench = _bench_module()
-    report = bench.Report(tmp_path / "r.json", budget_s=60)
-    report.section("bad", lambda: 1 / 0)
-    report.section("absent", lambda: (_ for _ in ()).throw(bench.Skip("not installed")))
-    report.section("good", lambda: {"x": 1})
-    saved = json.loads((tmp_path / "r.json").read_text())
+    sizes = bench.DRY
+    names = [("pretrain", r.name) for r in (*sizes.first, *sizes.later)]
+    names += [("federate", "one client at a time"), ("federate", "vectorised"), ("table2", "fedavg-cifar10")]
+    lines = [{"bench": "environment", "device": "cpu", "status": "ok"}]
+    lines += [{"bench": b, "name": n, "device": "cpu", "status": "ok"} for b, n in names]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert bench.check(path, sizes) == []
+    lines[3]["status"] = "failed"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines[:-1]))
+    problems = bench.check(path, sizes)
+    assert len(problems) == 2 and "failed" in problems[0] and "missing: table2" in problems[1]
+    path.write_text("{not json\n")
+    assert len(bench.check(path, sizes)) == 1
+
+
+def test_a_failing_measurement_is_recorded_and_the_next_still_runs(tmp_path):
+    bench = _bench_module()
+    lines = bench.Lines(tmp_path / "r.jsonl", {"device": "cpu"}, budget_s=60)
+    lines.measure("x", "bad", lambda: 1 / 0)
+    lines.measure("x", "absent", lambda: (_ for _ in ()).throw(bench.Skip("not installed")))
+    lines.measure("x", "good", lambda: {"v": 1})
+    lines.measure("x", "late", lambda: {"v": 2}, need_s=61)
+    saved = {r["name"]: r for r in map(json.loads, (tmp_path / "r.jsonl").read_text().splitlines())}
     assert saved["bad"]["status"] == "failed" and "ZeroDivisionError" in saved["bad"]["error"]
-    assert saved["absent"] == {"status": "skipped", "reason": "not installed", "seconds": 0.0}
-    assert saved["good"]["status"] == "ok" and saved["good"]["x"] == 1
-    late = bench.Report(tmp_path / "late.json", budget_s=0)
-    late.section("any", lambda: {"x": 1})
-    assert json.loads((tmp_path / "late.json").read_text())["any"]["status"] == "skipped"
+    assert saved["absent"]["status"] == "skipped" and saved["absent"]["reason"] == "not installed"
+    assert saved["good"]["status"] == "ok" and saved["good"]["v"] == 1 and saved["good"]["device"] == "cpu"
+    assert saved["late"]["status"] == "skipped" and "time budget" in saved["late"]["reason"]
+
+
+@pytest.mark.slow
+def test_dry_run_of_the_checks(tmp_path):
+    records = _dry_run(tmp_path, "--checks")
+    checks = {r["name"]: r for r in records if r["bench"] == "check"}
+    assert set(checks) == {"pytest_gpu", "torchrun", "flower"}
+    assert all(r["status"] in ("ok", "skipped") for r in checks.values()), checks
+    if not torch.cuda.is_available():
+        assert checks["pytest_gpu"]["all_skipped"] and checks["pytest_gpu"]["counts"]["skipped"] >= 4
+    assert checks["torchrun"]["collective"] == {"backend": "gloo", "world": 1, "ok": True}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from lightly.loss import NTXentLoss
 from lightly.models.modules import MoCoProjectionHead
+from lightly.models.modules.memory_bank import MemoryBankModule
 from lightly.models.utils import (
     batch_shuffle_distributed,
     batch_unshuffle_distributed,
@@ -35,6 +36,15 @@ from fpsfl.base.settings import setting
 from ..distributed import world_size
 from . import METHODS
 from .base import HEADS, IMAGENET_HIDDEN, Method, MethodConfig, feature_std, filled
+
+
+class _EagerUpdateBank(MemoryBankModule):
+    """lightly's memory bank with its update kept out of ``--compile``'s graphs: the update reads the bank's
+    pointer to the host (``int(bank_ptr)``), on which a compiled step would recompile at every value."""
+
+    @torch.compiler.disable
+    def _dequeue_and_enqueue(self, batch: Tensor) -> None:
+        super()._dequeue_and_enqueue(batch)
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,7 @@ class MoCoV2(Method):
         # gather_distributed: the bank takes every process's keys, in rank order (a no-op with one process)
         self.criterion = NTXentLoss(temperature=cfg.temperature, memory_bank_size=bank,
                                     gather_distributed=True)
+        self.criterion.memory_bank.__class__ = _EagerUpdateBank  # the same state; eager under --compile
 
     def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         q = self.head(self.backbone(views[0]))
