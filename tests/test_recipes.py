@@ -50,7 +50,8 @@ def test_table2_smoke_prints_the_papers_three_rows_beside_the_measured_ones(tmp_
     for row, paper in zip(rows, (("82.7", "91.7", "9.0"), ("84.9", "92.0", "7.1"), ("90.8", "93.3", "2.5")),
                           strict=True):
         cells = row.strip("| ").split(" | ")[1:]
-        assert [c.split(" · paper ")[1] for c in cells] == list(paper)
+        assert [c.split(" · paper ")[1].split(" †")[0] for c in cells] == list(paper)
+        assert "†" in cells[1] and "†" not in cells[2]  # the centralised budget is marked as the recipe's own
         assert all(c.split(" · paper ")[0] != "–" for c in cells)  # every cell measured
     record = json.loads((tmp_path / "runs" / "table2" / "report.json").read_text())
     assert record["paper_table"] == "table2" and len(record["rows"]) == 3
