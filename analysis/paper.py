@@ -206,7 +206,7 @@ def _marks(report: PaperReport) -> dict[tuple[str, str], str]:
     return {cell: f"†{i}" for i, cell in enumerate(cells, 1)}
 
 
-def _text(report: PaperReport, row: str, column: str) -> str:
+def _text(report: PaperReport, row: str, column: str, marks: dict[tuple[str, str], str]) -> str:
     cell = report.cells.get((row, column))
     value = report.value(row, column)
     measured = cell.text() if cell else (f"{value:.1f}" if value is not None else MISSING)
@@ -214,21 +214,20 @@ def _text(report: PaperReport, row: str, column: str) -> str:
     if number is None:
         return measured
     paper = f"{number.value:.1f}" + (f" ± {number.std:.2f}" if number.std is not None else "")
-    mark = _marks(report).get((row, column), "")
+    mark = marks.get((row, column), "")
     return f"{measured} · paper {paper}" + (f" {mark}" if mark else "")
 
 
 def paper_markdown(report: PaperReport) -> str:
     """The table as markdown: each cell the measured value (mean ± std (n) over seeds) · the paper's."""
-    columns = report.table.columns
+    columns, marks = report.table.columns, _marks(report)
     lines = [f"# {report.table.title}", "",
              "Each cell: measured (mean ± sample std over seeds, n runs) · the paper's number "
              "(analysis/paper_numbers.csv). – : not measured.", "",
              f"| init | {' | '.join(columns)} |", "|---|" + "---:|" * len(columns)]
     for row in report.rows:
-        lines.append(f"| {row} | {' | '.join(_text(report, row, c) for c in columns)} |")
+        lines.append(f"| {row} | {' | '.join(_text(report, row, c, marks) for c in columns)} |")
     lines += [""] + [f"Note: {n}." for n in report.notes]
-    marks = _marks(report)
     lines += [f"{marks[cell]} {cell[0]} / {cell[1]}: this cell departs from the paper's: "
               f"{report.departures[cell].rstrip('.')}." for cell in marks]
     return "\n".join(lines).rstrip() + "\n"

@@ -28,7 +28,7 @@ def lock_run(run: RunDir, mode: str, opts: RunOptions, stack: ExitStack) -> bool
     resume = (run.has_state() or run.config_path.is_file()) if mode == "auto" else mode == "yes"
     for locked in (False, True):  # checked before the lock too, so that a refusal touches no file
         if locked:
-            lock_out(Path(opts.out), stack, out_names(Path(opts.out)))
+            stack.enter_context(lock_out(Path(opts.out), out_names(Path(opts.out))))
         if not resume and Path(opts.out).exists():
             held = (f"{run.path} holds no training state" if mode == "auto" else
                     "pass --resume to continue its run")

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,7 +57,7 @@ def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, 
         held = "pass --resume to continue its run, or " if rundir.has_state() else ""
         raise RunDirError(f"--out {opts.out} already exists and is not overwritten; {held}choose another "
                           f"--out")
-    with _out_locked(Path(opts.out)), rundir.session(opts.resume):
+    with lock_out(Path(opts.out)), rundir.session(opts.resume):  # --out's lock clears a killed write's file
         resume = opts.resume and rundir.has_state()  # else a --resume starts a run killed before its state
         source = None if resume else resolve_init(fed.init, fed.init_format, fed.arch)  # opened once
         if source is not None:
@@ -148,14 +147,6 @@ def _rounds(method, model, fed: FederateConfig, sp: SelfPretrainConfig, opts: Se
                                config={**config, "pretrain": {"size": size}})
         save_checkpoint(ckpt, opts.out)
     return rows
-
-
-@contextmanager
-def _out_locked(out: Path) -> Iterator[None]:
-    """--out's lock for the run's life; the temporary file a killed run left while writing it is removed."""
-    with ExitStack() as stack:
-        lock_out(out, stack)
-        yield
 
 
 def _load_resumable(rundir: RunDir, config: dict) -> dict:

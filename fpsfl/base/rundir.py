@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -377,8 +377,9 @@ def step_ranges(steps: list[int]) -> str:
 
 
 
-def lock_out(out: Path, stack: ExitStack, names: re.Pattern | None = None) -> None:
-    """Hold ``.NAME.lock`` beside a run's output file ``out`` for the run's life (removed at its end): two
+@contextmanager
+def lock_out(out: Path, names: re.Pattern | None = None) -> Iterator[None]:
+    """Hold ``.NAME.lock`` beside a run's output file ``out`` while the block runs (removed at its end): two
     runs with one --out and two run directories would otherwise both find it absent and overwrite each
     other's files. Then remove the temporary files killed writers of ``out`` (and of the files ``names``
     matches, e.g. pretrain's --keep-every copies) left."""
@@ -390,5 +391,8 @@ def lock_out(out: Path, stack: ExitStack, names: re.Pattern | None = None) -> No
         raise RunDirError(str(exc)) from None
     except OSError as exc:
         raise RunDirError(f"cannot write beside --out {out}: {exc.strerror or exc}") from None
-    stack.callback(unlock_file, lock, fd)
-    clean_stale(out.parent, names or re.compile(re.escape(out.name)), recursive=False)
+    try:
+        clean_stale(out.parent, names or re.compile(re.escape(out.name)), recursive=False)
+        yield
+    finally:
+        unlock_file(lock, fd)
