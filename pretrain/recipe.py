@@ -75,9 +75,9 @@ class PretrainConfig:
                                        "each view renders its own", choices=("shared", "independent"),
                              group="fractal")
     renderer: str = setting("auto", "who draws the fractals: torch (fractals.torch_render: batched tensor "
-                                    "ops in the training process, on the GPU when CUDA is available, else on "
-                                    "the CPU), numba (the CPU renderer, in --workers processes) or auto "
-                                    "(torch when CUDA is available and --look paper, else numba). They draw "
+                                    "ops in the training process, on its --device), numba (the CPU "
+                                    "renderer, in --workers processes) or auto (torch when training on a "
+                                    "GPU and --look paper, else numba). They draw "
                                     "the same codes, and scenes equal in distribution, not bit for bit "
                                     "(docs/fractals.md)", choices=("auto", "torch", "numba"), group="fractal")
     n_classes: int = setting(1000, "J, the number of fractal classes (Anderson & Farrell 2022)",
@@ -116,7 +116,8 @@ class RunOptions(RunFlags):
                                default_text="<command>-<arch>.ckpt")  # the backbone checkpoint
     run_dir: Path | None = setting(None, "run directory: config.json, metrics.jsonl, state.pt", parse=Path,
                                    group="run", default_text="beside --out, fps.ckpt -> fps.run/")
-    workers: int | None = setting(None, "data worker processes rendering fractals / decoding images",
+    workers: int | None = setting(None, "data worker processes rendering fractals (numba; started once "
+                                        "for the run) / decoding images",
                                   within="[0, inf)", group="run", default_text="0 on CPU, up to 8 on a GPU")
     dist_timeout: float = setting(30.0, "minutes a collective waits for a rank that died (or hangs) before "
                                         "the others fail; torchrun only (torch's NCCL default: 10)",

@@ -15,12 +15,11 @@ so the CPU side only renders or decodes.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fpsfl.base.files import file_sha256
 from fpsfl.base.registry import Registry
@@ -36,33 +35,68 @@ from .recipe import PretrainConfig
 HELD_OUT_EPOCH = 2**31 - 1  # the stream's epoch index of the held-out batch (runs have fewer epochs)
 
 
-def renderer_for(cfg: PretrainConfig) -> tuple[str, torch.device | None]:
-    """The renderer of ``--renderer`` and, for torch, its device: the GPU this process trains on when CUDA
-    is available (cuda:LOCAL_RANK under torchrun, as pretrain.distributed.device_for), else the CPU. auto is
-    torch on a CUDA machine (the paper look only: the sparse look is numba's), numba otherwise, so a CPU
-    machine renders as before."""
-    cuda = torch.cuda.is_available()
+def renderer_for(cfg: PretrainConfig, device: torch.device) -> tuple[str, torch.device | None]:
+    """The renderer of ``--renderer`` and, for torch, its device: the device this process trains on
+    (``--device``; cuda:LOCAL_RANK under torchrun). auto is torch when that is a GPU (the paper look only: the
+    sparse look is numba's), numba otherwise, so a CPU run renders as before; an explicit torch renders on the
+    training device, the CPU included."""
     name = cfg.renderer
     if name == "auto":
-        name = "torch" if cuda and cfg.look == "paper" else "numba"
-    if name == "numba":
-        return name, None
-    return name, torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+        name = "torch" if device.type == "cuda" and cfg.look == "paper" else "numba"
+    return (name, None) if name == "numba" else (name, device)
+
+
+class _EpochBatches(Dataset):
+    """Batch ``(epoch, index)`` of a stream, a pure function of both (:meth:`FractalStream.batch`): a
+    map-style view, so that one DataLoader with persistent workers serves every epoch, the epoch named by the
+    sampler, which runs in the training process."""
+
+    def __init__(self, stream: FractalStream):
+        self.stream = stream
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[str, torch.Tensor]:
+        epoch, index = key
+        self.stream.set_epoch(epoch)  # this worker's copy of the stream
+        return self.stream.batch(index)
+
+
+class _EpochOrder(Sampler):
+    """The batches of epoch ``epoch`` in order; set ``epoch`` before each pass."""
+
+    def __init__(self, n: int):
+        self.n, self.epoch = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((self.epoch, i) for i in range(self.n))
+
+
+def _one_thread(worker: int) -> None:
+    torch.set_num_threads(1)  # one core per renderer process: the processes are the parallelism
 
 
 class FractalSource:
-    """A :class:`FractalStream` of one scene kind, iterated by a DataLoader with ``workers`` processes."""
+    """A :class:`FractalStream` of one scene kind, rendered in this process (the torch renderer, or numba
+    without workers) or by ``workers`` numba processes that live for the whole run (started once, not once
+    an epoch) and hand over page-locked batches when the run trains on a GPU (issue 40)."""
 
-    def __init__(self, cfg: PretrainConfig, kind: str, workers: int, pin_memory: bool = False):
+    def __init__(self, cfg: PretrainConfig, kind: str, workers: int, device: torch.device):
         bank = bank_or_sample(cfg.bank, cfg.seed)
-        renderer, device = renderer_for(cfg)
+        renderer, render_device = renderer_for(cfg, device)
         stream_cfg = StreamConfig(kind=kind, batch_size=cfg.batch_size, pairs_per_epoch=cfg.pairs_per_epoch,
                                   seed=cfg.seed, n_classes=cfg.n_classes, renderer=renderer)
         render = RenderConfig.preset(cfg.size, look=cfg.look, instances=cfg.instances)
-        self.stream = FractalStream(bank, render, stream_cfg, device=device)
-        self.workers, self.pin_memory = workers, pin_memory
+        self.stream = FractalStream(bank, render, stream_cfg, device=render_device)
+        self.workers, self.pin_memory = workers, device.type == "cuda"
         self.n_classes = cfg.n_classes if kind == "multilabel" else None
         self.bank_path = cfg.bank
+        self._loader: DataLoader | None = None
+        self._order: _EpochOrder | None = None
 
     def fingerprint(self) -> dict:
         """What decides the data beyond the config, for ``--resume`` to compare: the bank file's sha256 (a
@@ -76,6 +110,8 @@ class FractalSource:
 
     def shard(self, rank: int, world: int) -> None:
         """Render only process ``rank``'s rows of every global batch (:func:`fractals.stream.shard_rows`)."""
+        if self._loader is not None:
+            raise RuntimeError("shard the source before its first epoch (its workers hold the stream)")
         self.stream.shard = (rank, world)
 
     def held_out(self, n: int) -> torch.Tensor:
@@ -87,20 +123,25 @@ class FractalSource:
         return stream.batch(0)["images"]
 
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
-        self.stream.set_epoch(epoch)
-        if self.stream.cfg.renderer == "torch":  # on the training device, in this process (no forked CUDA)
+        if self.stream.cfg.renderer == "torch" or not self.workers:  # in this process (no forked CUDA)
+            self.stream.set_epoch(epoch)
             yield from self.stream
             return
-        loader = DataLoader(self.stream, batch_size=None, num_workers=self.workers,
-                            pin_memory=self.pin_memory, prefetch_factor=4 if self.workers else None)
-        yield from loader
+        if self._loader is None:  # the same batches, in the same order, as iterating the stream
+            self._order = _EpochOrder(len(self.stream))
+            self._loader = DataLoader(_EpochBatches(self.stream), batch_size=None, sampler=self._order,
+                                      num_workers=self.workers, pin_memory=self.pin_memory, prefetch_factor=4,
+                                      persistent_workers=True, worker_init_fn=_one_thread)
+        self._order.epoch = epoch
+        yield from self._loader
 
 
 class ImageSource:
     """An image folder (:class:`pretrain.folder.FolderSource`) or down-sampled ImageNet's pickles
     (:class:`pretrain.imagenet32.ImageNet32Source`), with labels or without."""
 
-    def __init__(self, cfg: PretrainConfig, labelled: bool, workers: int):
+    def __init__(self, cfg: PretrainConfig, labelled: bool, workers: int, device: torch.device):
+        del device  # folders are decoded on the CPU whatever the training device
         if not cfg.root:
             raise ValueError(f"source {cfg.source!r} needs --root DIR (an image folder)")
         folder = FolderConfig(root=cfg.root, size=cfg.size, batch_size=cfg.batch_size, labelled=labelled,
@@ -132,7 +173,8 @@ class SourceSpec:
     source's batches carry, so a new method is one file under ``pretrain/methods/``."""
 
     name: str
-    make: Callable[[PretrainConfig, int], FractalSource | ImageSource]  # (config, workers) -> source
+    make: Callable[[PretrainConfig, int, torch.device], FractalSource | ImageSource]  # (config, workers,
+    # training device) -> source
     labels: str | None  # what its batches carry beside the images: None, "multihot" or "class"
     default_method: str
     description: str
@@ -157,17 +199,17 @@ class SourceSpec:
 
 SOURCES: Registry[SourceSpec] = Registry("source")
 for _spec in (
-    SourceSpec("fps", lambda c, w: FractalSource(c, "fps", w), None, "simsiam",
+    SourceSpec("fps", lambda c, w, d: FractalSource(c, "fps", w, d), None, "simsiam",
                "FPS pairs rendered on the fly (§4.2)", ("fractal",)),
-    SourceSpec("fractal-single", lambda c, w: FractalSource(c, "single", w), None, "simsiam",
+    SourceSpec("fractal-single", lambda c, w, d: FractalSource(c, "single", w, d), None, "simsiam",
                "one fractal per image, two augmented views (Table 6 baseline)", ("fractal",),
                command="fractal-simsiam"),
-    SourceSpec("multilabel", lambda c, w: FractalSource(c, "multilabel", w), "multihot", "multilabel",
+    SourceSpec("multilabel", lambda c, w, d: FractalSource(c, "multilabel", w, d), "multihot", "multilabel",
                "multi-label fractal images over J codes (Anderson & Farrell 2022)",
                ("fractal", "multilabel")),
-    SourceSpec("images", lambda c, w: ImageSource(c, False, w), None, "simsiam",
+    SourceSpec("images", lambda c, w, d: ImageSource(c, False, w, d), None, "simsiam",
                "any image folder, two augmented views (e.g. StyleGAN images)", ("folder",)),
-    SourceSpec("supervised", lambda c, w: ImageSource(c, True, w), "class", "supervised",
+    SourceSpec("supervised", lambda c, w, d: ImageSource(c, True, w, d), "class", "supervised",
                "a labelled ROOT/<class>/ image folder, or down-sampled ImageNet's pickles "
                "(--format imagenet32), cross-entropy (§4.2)", ("folder",)),
 ):

@@ -278,7 +278,7 @@ def check_world(cfg: PretrainConfig, d: distributed.Dist) -> None:
 def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: torch.device, workers: int,
            run: RunDir, resume: bool) -> dict:
     try:  # every rank scans the folder (or bank): each finds the same problem, rank 0 reports it
-        source = SOURCES[cfg.source].make(cfg, workers)
+        source = SOURCES[cfg.source].make(cfg, workers, device)
     except ValueError as exc:
         raise distributed.fail(d, exc, 2) from None
     if d.world > 1:

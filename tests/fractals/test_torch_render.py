@@ -191,18 +191,18 @@ def test_stream_with_the_torch_renderer(bank):
     assert torch.equal(half["images"], whole["images"][:, 4:])  # a rank's rows of the global batch
 
 
-def test_pretrain_renderer_choice(monkeypatch):
+def test_pretrain_renderer_choice():
+    """The renderer follows the training device (--device, or cuda:LOCAL_RANK under torchrun), not merely
+    whether the machine has CUDA: a --device cpu run on a GPU machine renders with numba, as before."""
     from pretrain.recipe import PretrainConfig
     from pretrain.sources import renderer_for
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert renderer_for(PretrainConfig()) == ("numba", None)  # auto on a CPU machine: as before
-    assert renderer_for(PretrainConfig(renderer="torch")) == ("torch", torch.device("cpu"))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    assert renderer_for(PretrainConfig()) == ("torch", torch.device("cuda", 1))
-    assert renderer_for(PretrainConfig(look="sparse")) == ("numba", None)
-    assert renderer_for(PretrainConfig(renderer="numba")) == ("numba", None)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 1)
+    assert renderer_for(PretrainConfig(), cpu) == ("numba", None)  # auto on a CPU: as before
+    assert renderer_for(PretrainConfig(renderer="torch"), cpu) == ("torch", cpu)
+    assert renderer_for(PretrainConfig(), gpu) == ("torch", gpu)
+    assert renderer_for(PretrainConfig(look="sparse"), gpu) == ("numba", None)
+    assert renderer_for(PretrainConfig(renderer="numba"), gpu) == ("numba", None)
 
 
 @pytest.mark.gpu
