@@ -10,6 +10,7 @@ files), the TLS tools (tests/federated/test_flower_tls.py), analyze's checks of 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -111,9 +112,12 @@ def test_self_pretraining_resumed_with_another_init_is_refused(tmp_path):
     assert not (tmp_path / "sp.ckpt").exists()
 
 
-def _full_disk_then_follow_the_message(tmp_path, capsys, monkeypatch, main, argv, finished, resume_argv):
-    """A full disk at every ``tmp`` write point of a run: one line (exit 1), no traceback, and the command
-    the line suggests (the same one, with --resume where the run saved a state) then finishes the run."""
+def _full_disk_then_follow_the_message(tmp_path, capsys, monkeypatch, main, argv, finished, resume_argv,
+                                      kind="tmp"):
+    """A full disk at every ``kind`` write point of a run (``tmp``: a file written whole, then renamed;
+    ``torn``: a metrics line appended, half of it on disk when the disk fills): one line (exit 1), no
+    traceback, and the command the line suggests (the same one, with --resume where the run saved a state)
+    then finishes the run."""
     from collections import Counter
 
     from fpsfl.base import files
@@ -124,7 +128,7 @@ def _full_disk_then_follow_the_message(tmp_path, capsys, monkeypatch, main, argv
         root = tmp_path / f"full-{n}"
         root.mkdir()
         files._events.clear()
-        monkeypatch.setenv(files.CRASH_ENV, f"full-tmp:{n}")
+        monkeypatch.setenv(files.CRASH_ENV, f"full-{kind}:{n}")
         code = main([str(a) for a in argv(root)])
         monkeypatch.delenv(files.CRASH_ENV)
         err = capsys.readouterr().err
@@ -134,11 +138,14 @@ def _full_disk_then_follow_the_message(tmp_path, capsys, monkeypatch, main, argv
         assert code == 1 and len(err.strip().splitlines()) == 1 and "no space left" in err, err
         again = [*argv(root), *(resume_argv if any(root.rglob("state.pt")) else [])]
         assert main([str(a) for a in again]) == 0, capsys.readouterr().err
+        capsys.readouterr()  # the resumed run's notes (a torn line dropped) are not the next point's error
         assert finished(root) and not list(root.rglob(".*.tmp*"))
-    assert points >= 3
+    assert points >= (3 if kind == "tmp" else 2)  # write points of each kind the run has
 
 
-def test_pretrain_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("kind", ["tmp", "torn"])
+def test_pretrain_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp_path, capsys, monkeypatch,
+                                                                             kind):
     """Before issue 42: a traceback, and a run dead-ended between "exists, pass --resume" and "no training
     state"."""
     from fpsfl.base.checkpoint import load_checkpoint
@@ -147,16 +154,41 @@ def test_pretrain_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp
     _full_disk_then_follow_the_message(
         tmp_path, capsys, monkeypatch, pretrain,
         lambda root: ["fps", *PRE, "--epochs", "2", "--pairs-per-epoch", "16", "--out", root / "p.ckpt"],
-        lambda root: load_checkpoint(root / "p.ckpt")["epoch"] == 2, ["--resume"])
+        lambda root: _whole_metrics(root / "p.run", 2) and load_checkpoint(root / "p.ckpt")["epoch"] == 2,
+        ["--resume"], kind)
 
 
-def test_federate_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("kind", ["tmp", "torn"])
+def test_federate_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp_path, capsys, monkeypatch,
+                                                                             kind):
     """Before issue 42: a traceback from torch's zip writer ("unexpected pos")."""
     from federated.cli import main as federate
 
     _full_disk_then_follow_the_message(
         tmp_path, capsys, monkeypatch, federate, lambda root: [*FED, "--out", root / "r"],
-        lambda root: (root / "r" / "final.pt").is_file(), ["--resume"])
+        lambda root: _whole_metrics(root / "r", None) and (root / "r" / "final.pt").is_file(), ["--resume"],
+        kind)
+
+
+@pytest.mark.parametrize("kind", [pytest.param("tmp", marks=pytest.mark.slow), "torn"])  # tmp: 44 s
+def test_self_pretraining_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp_path, capsys,
+                                                                                     monkeypatch, kind):
+    """federate self-pretrain fills the disk at each write point too (the crash-point sweep's run)."""
+    from federated.cli import main as federate
+    from tests.test_crash_points import _self_pretrain, _self_pretrain_done
+
+    _full_disk_then_follow_the_message(
+        tmp_path, capsys, monkeypatch, lambda argv: federate(["self-pretrain", *argv]), _self_pretrain,
+        lambda root: _whole_metrics(root / "sp.run", None) and _self_pretrain_done(root), ["--resume"], kind)
+
+
+def _whole_metrics(run: Path, rows: int | None) -> bool:
+    """Every line of the run's metrics.jsonl is whole JSON, one per epoch or round (a torn line dropped on
+    resume, none twice), and ``rows`` of them when given."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # a torn line left behind fails here
+    keys = [r.get("epoch", r.get("round")) for r in records]
+    return len(keys) == len(set(keys)) and (rows is None or len(records) == rows)
 
 
 @pytest.mark.parametrize("case", ["non-tensor", "int-key"])
@@ -227,6 +259,7 @@ def test_every_pass_resume_message_is_a_command_that_then_works(tmp_path, capsys
         assert "pass --resume" in err, err
         again = [*argv[:-1], "yes"] if argv[-2:] == ["--resume", "no"] else [*argv, "--resume"]
         assert main([str(a) for a in again]) == 0, capsys.readouterr().err
+        capsys.readouterr()  # the resumed run's notes (a torn line dropped) are not the next point's error
         assert result.is_file()
         capsys.readouterr()  # the resumed run's notes
 
