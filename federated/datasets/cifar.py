@@ -66,7 +66,11 @@ def _read_split(folder: str, files: list[str], key: str, size: int) -> tuple[tor
     xs, ys = [], []
     for f in files:
         path, entry = os.path.join(folder, f), _unpickle(os.path.join(folder, f))
-        data, labels = np.asarray(entry.get("data")), np.asarray(entry.get(key))
+        try:
+            data, labels = np.asarray(entry.get("data")), np.asarray(entry.get(key))
+        except ValueError as e:  # a ragged list: numpy cannot make it an array (issue 42's loader table)
+            raise DataError(f"{path!r} is not a CIFAR batch: 'data' and {key!r} must be arrays or lists of "
+                            f"equal-length rows ({e})".replace("\n", " ")) from None
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or labels.shape != (len(data),) \
                 or not np.issubdtype(labels.dtype, np.integer):
             raise DataError(f"{path!r} is not a CIFAR batch: expected 'data' uint8 (N, 3072) and {key!r} N "
