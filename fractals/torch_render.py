@@ -38,6 +38,7 @@ MIX_STEPS = 256  # unrecorded steps of those extra chains (see _chaos)
 # scenes go in chunks of at most this many view pixels and chaos-game points (8 bytes each, x and y), which
 # bounds the working memory (~1 GB) and leaves a 224 px batch of 256 pairs in 2 chunks
 MAX_PIXELS, MAX_POINTS = 1 << 24, 1 << 26
+_BLOCK = 32  # chaos-game steps whose maps are drawn and gathered at once (a multiple of 8)
 _MASK = (1 << 64) - 1
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
@@ -158,28 +159,32 @@ def _chaos(table: torch.Tensor, x: torch.Tensor, y: torch.Tensor, keys: torch.Te
     Chain c's map at step i is byte i mod 8 of draw i // 8 of its key ``keys`` (N, C): one 64-bit draw
     serves 8 steps, as in numba (where it serves 2 steps of 4 chains)."""
     n, chains = x.shape
-    c = torch.arange(chains)
-    begin = torch.where(c == 0, 0, torch.where(c < CHAINS, burn, max(burn, MIX_STEPS)))
-    total = int(begin.max())
-    begin = total - begin  # the step at which chain c leaves its start for the last time
+    starts = [0 if c == 0 else burn if c < CHAINS else max(burn, MIX_STEPS) for c in range(chains)]
+    total = max(starts)
+    back: dict[int, tuple[int, int]] = {}  # step -> the chains (a slice) put back on their starts then
+    for c in (c for c, s in enumerate(starts) if s < total):  # c leaves its start last at step total - s
+        back[total - starts[c]] = (back.get(total - starts[c], (c,))[0], c + 1)
     base = (torch.arange(n, device=x.device) * LUT_SIZE)[:, None].expand(n, chains).reshape(-1)
-    coef = table.reshape(-1, 6)
+    coef_t = table.reshape(-1, 6).t()  # (6, LUT rows): one gather a block gives every step's 6 coefficients
     keys, x0, y0 = keys.reshape(-1), x.reshape(-1), y.reshape(-1)
-    xs = torch.empty(steps, n * chains, dtype=torch.float32, device=x.device)
-    ys = torch.empty_like(xs)
-    shifts = torch.arange(0, 64, 8, device=x.device)[:, None]
-    px, py, rows = x0, y0, None
+    xs, ys = (torch.empty(steps, n * chains, dtype=torch.float32, device=x.device) for _ in range(2))
+    shifts, draws = (torch.arange(0, 64, 8, device=x.device)[None, :, None],
+                     torch.arange(_BLOCK // 8, device=x.device)[:, None])
+    px, py, block, out_x, out_y = x0, y0, (), xs.unbind(0), ys.unbind(0)
+    # on a GPU the host's cost per op bounds this loop: a step is an unbind and 4 multiply-adds (14 torch
+    # calls before), the maps drawn and their coefficients gathered once a block
     for i in range(total + steps):
-        if i % 8 == 0:  # the map-table rows of the next 8 steps, from one draw per chain
-            rows = base + ((_draw(keys, i // 8)[None, :] >> shifts) & 255)
-        back = (begin == i).nonzero()[:, 0].tolist() if 0 < i <= total else []
-        if back:  # these chains back on their starts (a slice: no device index, no sync)
-            lo, hi = back[0], back[-1] + 1
+        if i % _BLOCK == 0:  # the maps of the next _BLOCK steps, one draw per chain per 8 steps
+            bits = _draw(keys[None, :], i // 8 + draws)[:, None, :]  # (_BLOCK / 8, 1, chains)
+            rows = base + ((bits >> shifts) & 255)
+            block = coef_t.index_select(1, rows.reshape(-1)).view(6, _BLOCK, -1).unbind(1)  # (6, chains)s
+        if 0 < i <= total and i in back:  # these chains back on their starts (a slice: no sync)
+            lo, hi = back[i]
             px.view(n, chains)[:, lo:hi], py.view(n, chains)[:, lo:hi] = x[:, lo:hi], y[:, lo:hi]
-        m = coef.index_select(0, rows[i % 8])
-        out_x, out_y = (xs[i - total], ys[i - total]) if i >= total else (None, None)
-        nx = torch.addcmul(m[:, 4], m[:, 0], px, out=out_x).addcmul_(m[:, 1], py)
-        py = torch.addcmul(m[:, 5], m[:, 2], px, out=out_y).addcmul_(m[:, 3], py)
+        a, b, cc, d, e, f = block[i % _BLOCK].unbind(0)
+        rx, ry = (out_x[i - total], out_y[i - total]) if i >= total else (None, None)
+        nx = torch.addcmul(e, a, px, out=rx).addcmul_(b, py)
+        py = torch.addcmul(f, cc, px, out=ry).addcmul_(d, py)
         px = nx
     return xs.view(steps, n, chains), ys.view(steps, n, chains)
 

@@ -215,3 +215,30 @@ def test_on_cuda_the_images_stay_on_the_gpu_and_match(bank, numba32):
     assert (out.cpu().int() - cpu.int()).abs().float().mean() < 1.0  # the same draws; float rounding aside
     torched = _stats(bank, cfg, seed=7, render=_torch("cuda"))
     assert all(abs(torched[k] - numba32[k]) <= TOLERANCE for k in STATS)
+
+
+def test_the_chaos_loop_makes_few_torch_calls_a_step(bank):
+    """On a GPU the renderer is bound by the host's cost per torch call (one H200, 2026-11-27: 59% of a
+    32 px pre-training step waited for it): the chaos game's step is an unbind and 4 multiply-adds, the map
+    draws and coefficient gathers made once per block (it was 14 calls a step)."""
+    import sys
+    from collections import Counter
+
+    from torch.overrides import TorchFunctionMode
+
+    calls: Counter = Counter()
+
+    class Count(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            calls[sys._getframe(1).f_code.co_name] += 1
+            return func(*args, **(kwargs or {}))
+
+    cfg = RenderConfig.preset(32)
+    rng = np.random.default_rng(0)
+    n = 16
+    ids, counts = rng.integers(0, len(bank.n_maps), (n, 2)), np.full(n, 2)
+    with Count():
+        T.render_batch(bank, cfg, ids, counts, rng.integers(0, 2**62, n, dtype=np.uint64), 2, device="cpu")
+    chains = max(CHAINS, -(-cfg.points // T.MAX_STEPS))
+    steps = -(-cfg.points // chains) + max(cfg.burn_in, T.MIX_STEPS if chains > CHAINS else 0)
+    assert calls["_chaos"] <= 6 * steps, (calls["_chaos"], steps)
