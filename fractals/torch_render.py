@@ -162,8 +162,8 @@ def _chaos(table: torch.Tensor, x: torch.Tensor, y: torch.Tensor, keys: torch.Te
     starts = [0 if c == 0 else burn if c < CHAINS else max(burn, MIX_STEPS) for c in range(chains)]
     total = max(starts)
     back: dict[int, tuple[int, int]] = {}  # step -> the chains (a slice) put back on their starts then
-    for c in (c for c, s in enumerate(starts) if s < total):  # c leaves its start last at step total - s
-        back[total - starts[c]] = (back.get(total - starts[c], (c,))[0], c + 1)
+    for c, s in enumerate(starts):  # chain c leaves its start for the last time at step total - s
+        back[total - s] = (back.get(total - s, (c,))[0], c + 1)
     base = (torch.arange(n, device=x.device) * LUT_SIZE)[:, None].expand(n, chains).reshape(-1)
     coef_t = table.reshape(-1, 6).t()  # (6, LUT rows): one gather a block gives every step's 6 coefficients
     keys, x0, y0 = keys.reshape(-1), x.reshape(-1), y.reshape(-1)

@@ -140,8 +140,7 @@ class ImageSource:
     """An image folder (:class:`pretrain.folder.FolderSource`) or down-sampled ImageNet's pickles
     (:class:`pretrain.imagenet32.ImageNet32Source`), with labels or without."""
 
-    def __init__(self, cfg: PretrainConfig, labelled: bool, workers: int, device: torch.device):
-        del device  # folders are decoded on the CPU whatever the training device
+    def __init__(self, cfg: PretrainConfig, labelled: bool, workers: int):
         if not cfg.root:
             raise ValueError(f"source {cfg.source!r} needs --root DIR (an image folder)")
         folder = FolderConfig(root=cfg.root, size=cfg.size, batch_size=cfg.batch_size, labelled=labelled,
@@ -207,9 +206,9 @@ for _spec in (
     SourceSpec("multilabel", lambda c, w, d: FractalSource(c, "multilabel", w, d), "multihot", "multilabel",
                "multi-label fractal images over J codes (Anderson & Farrell 2022)",
                ("fractal", "multilabel")),
-    SourceSpec("images", lambda c, w, d: ImageSource(c, False, w, d), None, "simsiam",
+    SourceSpec("images", lambda c, w, d: ImageSource(c, False, w), None, "simsiam",
                "any image folder, two augmented views (e.g. StyleGAN images)", ("folder",)),
-    SourceSpec("supervised", lambda c, w, d: ImageSource(c, True, w, d), "class", "supervised",
+    SourceSpec("supervised", lambda c, w, d: ImageSource(c, True, w), "class", "supervised",
                "a labelled ROOT/<class>/ image folder, or down-sampled ImageNet's pickles "
                "(--format imagenet32), cross-entropy (§4.2)", ("folder",)),
 ):

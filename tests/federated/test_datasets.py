@@ -38,14 +38,6 @@ _write_imagefolder = write_imagefolder
 _identify = identify
 
 
-@pytest.fixture
-def skip_md5(monkeypatch):
-    """torchvision checks the files' md5 sums; the fake files only need to exist."""
-    import torchvision.datasets.cifar as cifar
-
-    monkeypatch.setattr(cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
-
-
 def _save(path, k: int, fmt: str = "PNG", wh=(12, 9)) -> None:
     save(path, solid(k, wh), fmt)
 
