@@ -259,17 +259,22 @@ def _not_fpsfl(init: str | InitSource, init_format: str) -> bool:
     return init_format != "fpsfl" or init in ("random", "imagenet") or places365_file(init) is not None
 
 
-def check_partition(init: str | InitSource, init_format: str, settings: dict,
-                    sha256: str | None = None) -> None:
-    """Refuse (one line) an ``--init`` checkpoint of federated self-pre-training (``federate self-pretrain``,
-    Chen et al. §5) that saw another partition of the clients' data than this run's: other ``settings``
-    (:func:`federated.shards.partition_settings`), or, given ``sha256``, other client sample indices
-    (:func:`federated.partitions.indices_sha256`). Checkpoints that record no partition pass."""
+def _partition_record(init: str | InitSource, init_format: str) -> tuple[InitSource | None, dict | None]:
+    """The ``--init`` checkpoint's record of the partition it was self-pre-trained on (None: none)."""
     if _not_fpsfl(init, init_format):
-        return
+        return None, None
     source = resolve_init(init, init_format)
     record = source.checkpoint["config"].get("partition")
-    if not isinstance(record, dict):
+    return source, record if isinstance(record, dict) else None
+
+
+def check_partition(init: str | InitSource, init_format: str, settings: dict) -> None:
+    """Refuse (one line) an ``--init`` checkpoint of federated self-pre-training (``federate self-pretrain``,
+    Chen et al. §5) that saw another partition of the clients' data than this run's: other ``settings``
+    (:func:`federated.shards.partition_settings`). Needs no data: the runner calls it before loading any.
+    Checkpoints that record no partition pass."""
+    source, record = _partition_record(init, init_format)
+    if record is None:
         return
     theirs = record.get("settings", {})
     changed = sorted(k for k in settings.keys() | theirs.keys() if settings.get(k) != theirs.get(k))
@@ -277,7 +282,14 @@ def check_partition(init: str | InitSource, init_format: str, settings: dict,
         diffs = ", ".join(f"{k} {theirs.get(k)!r} (this run: {settings.get(k)!r})" for k in changed)
         raise InitError(f"--init {source.spec} was self-pre-trained on another partition of the clients' "
                         f"data: {diffs}; give federate the data and partition flags (and --seed) of that run")
-    if sha256 is not None and record.get("indices_sha256") not in (None, sha256):
+
+
+def check_partition_indices(init: str | InitSource, init_format: str, sha256: str) -> None:
+    """The second half of :func:`check_partition`, once the data is loaded and partitioned: refuse an
+    ``--init`` self-pre-trained with the same settings on other client samples (``sha256``:
+    :func:`federated.partitions.indices_sha256` of this run's partition), e.g. a changed dataset."""
+    source, record = _partition_record(init, init_format)
+    if record is not None and record.get("indices_sha256") not in (None, sha256):
         raise InitError(f"--init {source.spec} was self-pre-trained with these partition settings but on "
                         f"other client samples (the indices' sha256 differ: has the dataset changed?)")
 

@@ -28,12 +28,14 @@ from .initialisation import (
     InitSource,
     check_init,
     check_partition,
+    check_partition_indices,
     init_sha256,
     init_warning,
     pretraining_size,
     resolve_init,
 )
 from .local import DivergenceError
+from .partitions import indices_sha256
 from .partitions.report import check_partition_report
 from .rounds import Dispatch, Federated, check_client_batch
 from .setup import Setup, setup, write_partition
@@ -76,6 +78,8 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
             if size_note and opts.progress:
                 tqdm.write(size_note)
         s = setup(cfg, device, data, load_init=not resume, init=source)
+        if source is not None:  # a self-pre-trained --init must have seen these very client samples
+            check_partition_indices(source, cfg.init_format, indices_sha256([p.numpy() for p in s.parts]))
         if host is not None:
             return host(cfg, lambda dispatch: _rounds(s, cfg, opts, rundir, device, dispatch, source))
         return _rounds(s, cfg, opts, rundir, device, source=source)

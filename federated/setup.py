@@ -16,9 +16,9 @@ from pretrain.backbones import create_backbone
 from .algorithms import ALGORITHMS, FedAvg
 from .datasets import DataConfig, ImageData, load_dataset
 from .experiment import FederateConfig
-from .initialisation import InitSource, check_partition, initialise, resolve_init
-from .partitions import indices_sha256, partition, write_partition_report
-from .shards import Shard, partition_settings
+from .initialisation import InitSource, initialise, resolve_init
+from .partitions import partition, write_partition_report
+from .shards import Shard
 from .tasks import TASKS, Task
 
 
@@ -48,10 +48,8 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
         sizes, counts = list(shard.manifest["sizes"]), np.asarray(shard.manifest["class_counts"])
         parts = [torch.zeros(0, dtype=torch.long) for _ in sizes]
         parts[shard.client] = torch.arange(len(data.train_y))
-    if load_init:  # a self-pre-trained --init must have seen these clients' data (a node: its settings)
-        init = init or resolve_init(cfg.init, cfg.init_format, cfg.arch)  # the runner passes its own
-        check_partition(init, cfg.init_format, partition_settings(cfg),
-                        indices_sha256(parts) if shard is None else None)
+    if load_init:  # the runner passes the --init it resolved and checked (federated.runner.run)
+        init = init or resolve_init(cfg.init, cfg.init_format, cfg.arch)
     # the CL baseline trains plain SGD on the pooled data: client and server steps have no meaning there
     algo_cls = FedAvg if cfg.centralized else ALGORITHMS[cfg.algo]
     missing = algo_cls.requires - task.provides

@@ -24,7 +24,7 @@ from federated.selfsup.methods.orchestra import Orchestra, OrchestraConfig
 from federated.selfsup.rounds import InProcess, aggregate, client_run
 from federated.selfsup.runner import run
 from federated.selfsup.views import rotate, rotations, views
-from fpsfl.base.checkpoint import load_checkpoint
+from fpsfl.base.checkpoint import load_checkpoint, save_checkpoint
 from fpsfl.base.rundir import CRASH_ENV
 from pretrain.backbones import create_backbone
 
@@ -149,6 +149,13 @@ def test_the_checkpoint_initialises_federate_with_its_partition_only(tmp_path, c
         err = capsys.readouterr().err.strip()
         assert "self-pre-trained on another partition" in err and "\n" not in err, err
         assert not (tmp_path / "bad").exists()
+    ckpt["config"]["partition"]["indices_sha256"] = "0" * 64  # the same settings, other client samples
+    save_checkpoint(ckpt, tmp_path / "moved.ckpt")
+    assert federate([*sup, "--seed", "2", "--init", str(tmp_path / "moved.ckpt"), "--out",
+                     str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "on other client samples" in err and "\n" not in err, err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_bad_settings_are_one_line_errors(tmp_path, capsys):
