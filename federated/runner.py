@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import time
 from collections.abc import Callable
 
 import torch
@@ -35,6 +34,7 @@ from .initialisation import (
     resolve_init,
 )
 from .local import DivergenceError
+from .loop import run_rounds
 from .partitions import indices_sha256
 from .partitions.report import check_partition_report
 from .rounds import Dispatch, Federated, check_client_batch
@@ -132,37 +132,47 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
         print(f"federate: warning: {warning}", file=sys.stderr)
     for note in training.notes(opts.engine):
         print(f"federate: note: {note}", file=sys.stderr)
-    bar = tqdm(total=cfg.rounds, initial=start, desc=training.desc,
-               unit="round", disable=not opts.progress, dynamic_ncols=True)
-    for rnd in range(start, cfg.rounds):
-        if opts.stop_after is not None and rnd - start >= opts.stop_after:
-            break
-        t0 = time.perf_counter()
-        try:
-            record = training.round(rnd, bar)
-            record["weight_norm"] = param_norm(s.model)
-            check_divergence(record, s.task.n_classes, norm0)
-        except DivergenceError as exc:
-            bar.close()
-            kept = (f"the last good round ({rnd}) is kept in {rundir.path}" if rnd else
-                    f"no round finished, so {rundir.path} is left as it was")
-            raise DivergenceError(f"round {rnd + 1}: {exc}; {kept} (try a lower --lr)") from None
-        record["seconds"] = time.perf_counter() - t0
-        rundir.append_metrics(record)
-        if opts.log_rounds:  # no bar (flwr run): a line per round, which flwr log shows
-            tqdm.write(round_line(record, cfg.rounds), file=sys.stderr)
-        state = {"done": rnd + 1, "model": s.model.state_dict(), "algo": s.algo.state_dict(), "norm0": norm0,
-                 **training.extra_state()}
-        rundir.save_state(state)
-        bar.set_postfix(acc=f"{record['test_acc']:.3f}")
-        bar.update(1)
-    bar.close()
-    rows = rundir.metrics()
-    if rows and rows[-1]["round"] == cfg.rounds:
-        final = {"format": FINAL_FORMAT, "arch": cfg.arch, "width": cfg.width, "n_classes": s.task.n_classes,
-                 "config": plain(config), "model": {k: v.cpu() for k, v in s.model.state_dict().items()}}
-        atomic_save(final, rundir.path / "final.pt")
-    return rows
+    work = _Supervised(training, s, cfg, rundir, norm0, config)
+    return run_rounds(work, start, rundir, progress=opts.progress, log_rounds=opts.log_rounds,
+                      stop_after=opts.stop_after)
+
+
+class _Supervised:
+    """A supervised run's rounds for :func:`federated.loop.run_rounds`: ``training`` (the federated rounds
+    or the centralised baseline's epochs), then the divergence check on the test loss and weight norm."""
+
+    def __init__(self, training: Federated | Centralised, s: Setup, cfg: FederateConfig, rundir: RunDir,
+                 norm0: float, config: dict):
+        self.training, self.s, self.cfg, self.rundir, self.norm0, self.config = (
+            training, s, cfg, rundir, norm0, config)
+        self.desc, self.rounds, self.last_round = training.desc, range(cfg.rounds), cfg.rounds
+
+    def round(self, rnd: int, bar: tqdm) -> dict:
+        record = self.training.round(rnd, bar)
+        record["weight_norm"] = param_norm(self.s.model)
+        check_divergence(record, self.s.task.n_classes, self.norm0)
+        return record
+
+    def state(self, rnd: int) -> dict:
+        return {"done": rnd + 1, "model": self.s.model.state_dict(), "algo": self.s.algo.state_dict(),
+                "norm0": self.norm0, **self.training.extra_state()}
+
+    def diverged(self, rnd: int, exc: DivergenceError) -> str:
+        kept = (f"the last good round ({rnd}) is kept in {self.rundir.path}" if rnd else
+                f"no round finished, so {self.rundir.path} is left as it was")
+        return f"round {rnd + 1}: {exc}; {kept} (try a lower --lr)"
+
+    def line(self, record: dict) -> str:
+        return round_line(record, self.cfg.rounds)
+
+    def postfix(self, record: dict) -> dict[str, str]:
+        return {"acc": f"{record['test_acc']:.3f}"}
+
+    def finish(self, rows: list[dict]) -> None:
+        cfg, model, n_classes = self.cfg, self.s.model, self.s.task.n_classes
+        final = {"format": FINAL_FORMAT, "arch": cfg.arch, "width": cfg.width, "n_classes": n_classes,
+                 "config": plain(self.config), "model": {k: v.cpu() for k, v in model.state_dict().items()}}
+        atomic_save(final, self.rundir.path / "final.pt")
 
 
 def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:

@@ -11,8 +11,6 @@ clients' sample indices); ``federate --init`` refuses it for another partition.
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from ..datasets import ImageData
 from ..experiment import FederateConfig
 from ..initialisation import check_init, init_sha256, initialise, resolve_init
 from ..local import DivergenceError
+from ..loop import run_rounds
 from ..partitions import indices_sha256, write_partition_report
 from ..setup import partitioned
 from ..shards import partition_settings
@@ -105,48 +104,66 @@ def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, 
 def _rounds(method, model, fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions,
             rundir: RunDir, images, parts, size: int, start: int, config: dict,
             dispatch: Dispatch | None) -> list[dict]:
-    sizes = [len(p) for p in parts]
-    bar = tqdm(total=sp.rounds + method.warmup_rounds, initial=start - 1 + method.warmup_rounds,
-               desc=f"self-pretrain {sp.algo}", unit="round", disable=not opts.progress, dynamic_ncols=True)
-    train = dispatch or InProcess(method, model, fed, sp, images, parts, size, bar)
-    for rnd in range(start, sp.rounds + 1):
-        if opts.stop_after is not None and rnd - start >= opts.stop_after:
-            break
-        t0 = time.perf_counter()
-        selected = select_clients(sizes, fed.seed, rnd, fed.participation)
-        global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        try:
-            updates, notes = train(rnd, selected, global_state, sizes)
-        except DivergenceError as exc:
-            bar.close()
-            raise DivergenceError(f"round {rnd}: {exc}; the rounds before are kept in {rundir.path} "
-                                  f"(--resume continues; try a lower --lr)") from None
-        state, server_stats = aggregate(method, updates)
-        model.load_state_dict(state)
+    inprocess = None if dispatch else InProcess(method, model, fed, sp, images, parts, size)
+    work = _SelfPretrain(method, model, fed, sp, rundir, [len(p) for p in parts], size, config,
+                         dispatch or inprocess, inprocess, opts.out)
+    return run_rounds(work, start, rundir, progress=opts.progress, log_rounds=opts.log_rounds,
+                      stop_after=opts.stop_after)
+
+
+class _SelfPretrain:
+    """Self-pre-training's rounds for :func:`federated.loop.run_rounds`: the round's clients (drawn as
+    supervised federate draws them) trained by ``train`` (in this process or over Flower), their states
+    averaged, then the method's server step. Rounds 1 - warm-up .. 0 are the method's warm-up rounds."""
+
+    def __init__(self, method, model, fed: FederateConfig, sp: SelfPretrainConfig, rundir: RunDir,
+                 sizes: list[int], size: int, config: dict, train: Dispatch, inprocess: InProcess | None,
+                 out: str | Path):
+        self.method, self.model, self.fed, self.sp, self.rundir = method, model, fed, sp, rundir
+        self.sizes, self.size, self.config, self.train, self.inprocess = sizes, size, config, train, inprocess
+        self.out = out
+        self.desc, self.rounds, self.last_round = (f"self-pretrain {sp.algo}",
+                                                   range(1 - method.warmup_rounds, sp.rounds + 1), sp.rounds)
+
+    def round(self, rnd: int, bar: tqdm) -> dict:
+        if self.inprocess is not None:
+            self.inprocess.bar = bar  # client i of n on the bar
+        selected = select_clients(self.sizes, self.fed.seed, rnd, self.fed.participation)
+        global_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        updates, notes = self.train(rnd, selected, global_state, self.sizes)
+        state, server_stats = aggregate(self.method, updates)
+        self.model.load_state_dict(state)
         record = {"round": rnd, **round_stats(updates), **server_stats,
                   "clients": [u.client for u in updates], "client_sizes": [u.n_samples for u in updates],
-                  "seconds": time.perf_counter() - t0, **notes}
+                  **notes}
         missing = [c for c in selected if c not in record["clients"]]
         if missing:  # a Flower round with enough replies (--min-replies) goes on without these
             record["missing_clients"] = missing
         if rnd < 1:
             record["warmup"] = True
-        rundir.append_metrics(record)
-        rundir.save_state({"done": rnd, "model": model.state_dict()})
-        if opts.log_rounds:  # no bar (flwr run): a line per round, which flwr log shows
-            tqdm.write(f"self-pretrain round {rnd}/{sp.rounds}: loss {record.get('loss', float('nan')):.4f}, "
-                       f"{len(updates)} clients, {record['seconds']:.1f} s", file=sys.stderr)
-        if "loss" in record:
-            bar.set_postfix(loss=f"{record['loss']:.3f}")
-        bar.update(1)
-    bar.close()
-    rows = rundir.metrics()
-    if rows and rows[-1]["round"] == sp.rounds:
-        ckpt = make_checkpoint(model.backbone, arch=fed.arch, width=fed.width, method=sp.algo,
+        return record
+
+    def state(self, rnd: int) -> dict:
+        return {"done": rnd, "model": self.model.state_dict()}
+
+    def diverged(self, rnd: int, exc: DivergenceError) -> str:
+        return (f"round {rnd}: {exc}; the rounds before are kept in {self.rundir.path} (--resume continues; "
+                f"try a lower --lr)")
+
+    def line(self, record: dict) -> str:
+        return (f"self-pretrain round {record['round']}/{self.sp.rounds}: loss "
+                f"{record.get('loss', float('nan')):.4f}, {len(record['clients'])} clients, "
+                f"{record['seconds']:.1f} s")
+
+    def postfix(self, record: dict) -> dict[str, str]:
+        return {"loss": f"{record['loss']:.3f}"} if "loss" in record else {}
+
+    def finish(self, rows: list[dict]) -> None:
+        fed, sp = self.fed, self.sp
+        ckpt = make_checkpoint(self.model.backbone, arch=fed.arch, width=fed.width, method=sp.algo,
                                source=f"{fed.dataset} (federated self-pre-training)", epoch=sp.rounds,
-                               config={**config, "pretrain": {"size": size}})
-        save_checkpoint(ckpt, opts.out)
-    return rows
+                               config={**self.config, "pretrain": {"size": self.size}})
+        save_checkpoint(ckpt, self.out)
 
 
 def _load_resumable(rundir: RunDir, config: dict) -> dict:
