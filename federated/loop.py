@@ -18,7 +18,8 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from fpsfl.base.rundir import RunDir
+from fpsfl.base.checkpoint import plain
+from fpsfl.base.rundir import RunDir, RunDirError
 
 from .local import DivergenceError
 
@@ -82,3 +83,25 @@ def run_rounds(work: RoundWork, start: int, rundir: RunDir, *, progress: bool, l
     if rows and rows[-1]["round"] == work.last_round:
         work.finish(rows)
     return rows
+
+
+def check_resume(rundir: RunDir, config: dict, parts: tuple[str, ...], init: str,
+                 defaults: dict[str, dict] | None = None) -> None:
+    """Refuse (one line) a --resume whose settings differ from the saved run's in any of the config's
+    ``parts``; ``defaults`` fill keys that older runs did not record. The --init path is not compared (the
+    state holds the model) but its sha256 is: a moved init file resumes, another of that name does not."""
+    saved, mine = rundir.saved_config(), plain(config)
+    for part in parts:
+        a, b = saved.get(part), mine[part]
+        if isinstance(b, dict) and (a is None or isinstance(a, dict)):
+            a = {**(defaults or {}).get(part, {}), **{k: v for k, v in (a or {}).items() if k != "init"}}
+            b = {k: v for k, v in b.items() if k != "init"}
+        if a != b:
+            changed = (sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+                       if isinstance(a, dict) and isinstance(b, dict) else [part])
+            raise RunDirError(f"--resume: {', '.join(changed)} differ(s) from the run in "
+                              f"{rundir.config_path}; resume with the same settings or start a new run")
+    recorded, now = saved.get("init_sha256"), mine["init_sha256"]
+    if recorded and now and recorded != now:
+        raise RunDirError(f"--resume: --init {init} is not the file this run started from (its sha256 "
+                          f"differs from the one in {rundir.config_path})")

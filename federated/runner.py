@@ -34,7 +34,7 @@ from .initialisation import (
     resolve_init,
 )
 from .local import DivergenceError
-from .loop import run_rounds
+from .loop import check_resume, run_rounds
 from .partitions import indices_sha256
 from .partitions.report import check_partition_report
 from .rounds import Dispatch, Federated, check_client_batch
@@ -113,7 +113,8 @@ def _rounds(s: Setup, cfg: FederateConfig, opts: RunOptions, rundir: RunDir, dev
               "engine": opts.engine}
     training = Centralised(s, cfg, device) if cfg.centralized else Federated(s, cfg, device, rundir, dispatch)
     if rundir.has_state():  # (a --resume: a new run refuses a directory with a state)
-        state = _load_resumable(rundir, config, cfg)
+        _check_settings(rundir, config, cfg)
+        state = rundir.load_state(config, compare=())
         check_partition_report(rundir.path, [p.numpy() for p in s.parts])
         s.model.load_state_dict(state["model"])
         s.algo.load_state_dict(state["algo"])
@@ -175,29 +176,10 @@ class _Supervised:
         atomic_save(final, self.rundir.path / "final.pt")
 
 
-def _load_resumable(rundir: RunDir, config: dict, cfg: FederateConfig) -> dict:
-    """The saved state, once the settings match the saved ones (:func:`_check_settings`)."""
-    _check_settings(rundir, config, cfg)
-    return rundir.load_state(config, compare=())
-
-
 def _check_settings(rundir: RunDir, config: dict, cfg: FederateConfig) -> None:
-    """Refuse a --resume with other settings than the saved run's. The --init path is not compared (the
-    state holds the model): a moved init file resumes, a different file with the same name does not."""
-    saved, mine = rundir.saved_config(), plain(config)
-    for part in ("federate", "algo"):
-        a, b = dict(saved.get(part) or {}), dict(mine[part])
-        a.pop("init", None), b.pop("init", None)
-        if part == "federate":
-            a.setdefault("amp", False)  # a run from before --amp trained in float32
-        if a != b:
-            changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-            raise RunDirError(f"--resume: {', '.join(changed)} differ(s) from the run in "
-                              f"{rundir.config_path}; resume with the same settings or start a new run")
-    recorded, now = saved.get("init_sha256"), mine["init_sha256"]
-    if recorded and now and recorded != now:
-        raise RunDirError(f"--resume: --init {cfg.init} is not the file this run started from (its sha256 "
-                          f"differs from the one in {rundir.config_path})")
+    """Refuse a --resume with other federate or algorithm settings than the saved run's."""
+    # a run from before --amp trained in float32
+    check_resume(rundir, config, ("federate", "algo"), cfg.init, defaults={"federate": {"amp": False}})
 
 
 def _check_engine(rundir: RunDir, engine: str, algo: str) -> None:

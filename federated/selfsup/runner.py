@@ -26,7 +26,7 @@ from ..datasets import ImageData
 from ..experiment import FederateConfig
 from ..initialisation import check_init, init_sha256, initialise, resolve_init
 from ..local import DivergenceError
-from ..loop import run_rounds
+from ..loop import check_resume, run_rounds
 from ..partitions import indices_sha256, write_partition_report
 from ..setup import partitioned
 from ..shards import partition_settings
@@ -79,12 +79,13 @@ def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, 
                   "partition": {"settings": partition_settings(fed), "indices_sha256": indices_sha256(
                       [p.numpy() for p in parts]), "sizes": [len(p) for p in parts]}}
         if resume:
-            state = _load_resumable(rundir, config)
+            _check_settings(rundir, config, fed.init)
+            state = rundir.load_state(config, compare=())
             model.load_state_dict(state["model"])
             start = int(state["done"]) + 1
         else:
             if opts.resume:  # killed in its first round: started again once the settings match (issue 42)
-                _check_settings(rundir, config)
+                _check_settings(rundir, config, fed.init)
                 rundir.start_again(config, compare=())
             rundir.create(config, opts)
             start = 1 - method.warmup_rounds
@@ -166,26 +167,6 @@ class _SelfPretrain:
         save_checkpoint(ckpt, self.out)
 
 
-def _load_resumable(rundir: RunDir, config: dict) -> dict:
-    """The saved state, once every setting matches the saved one (:func:`_check_settings`)."""
-    _check_settings(rundir, config)
-    return rundir.load_state(config, compare=())
-
-
-def _check_settings(rundir: RunDir, config: dict) -> None:
-    """Refuse a --resume with other settings than the saved run's; the --init path is compared by its
-    sha256 (a moved init file resumes, another file of the same name does not)."""
-    saved, mine = rundir.saved_config(), plain(config)
-    for part in ("self_pretrain", "method", "federate", "partition", "input_size"):
-        a, b = saved.get(part), mine[part]
-        if isinstance(a, dict) and isinstance(b, dict):
-            a, b = {k: v for k, v in a.items() if k != "init"}, {k: v for k, v in b.items() if k != "init"}
-        if a != b:
-            changed = (sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-                       if isinstance(a, dict) and isinstance(b, dict) else [part])
-            raise RunDirError(f"--resume: {', '.join(changed)} differ(s) from the run in "
-                              f"{rundir.config_path}; resume with the same settings or start a new run")
-    recorded, now = saved.get("init_sha256"), mine["init_sha256"]
-    if recorded and now and recorded != now:
-        raise RunDirError(f"--resume: --init is not the file this run started from (its sha256 differs from "
-                          f"the one in {rundir.config_path})")
+def _check_settings(rundir: RunDir, config: dict, init: str) -> None:
+    """Refuse a --resume with other settings than the saved run's (its method, data, partition, size)."""
+    check_resume(rundir, config, ("self_pretrain", "method", "federate", "partition", "input_size"), init)
