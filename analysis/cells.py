@@ -69,7 +69,7 @@ def init_label(init: str) -> str:
 
 def _flat(cfg: Any) -> dict[str, Any]:
     """A config's settings by name, the partition settings among them (FederateConfig keeps those apart)."""
-    values = dict(vars(cfg))
+    values = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}  # not the cached partition
     partition = values.pop("partition_args", {})
     return {**values, **partition}
 

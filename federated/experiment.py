@@ -167,10 +167,15 @@ class FederateConfig:
         self.algo_config()
 
     def partition_config(self) -> PartitionConfig:
-        """The partition request of this run (validates the partitions' settings)."""
-        min_size = default_min_size(self.partition) if self.min_size is None else self.min_size
-        return PartitionConfig(name=self.partition, clients=self.clients, min_size=min_size, seed=self.seed,
-                               **self.partition_args)
+        """The partition request of this run (validates the partitions' settings), built once: every
+        client of every round reads its noise from it (:func:`federated.rounds.client_noise_for`)."""
+        built = self.__dict__.get("_partition_config")
+        if built is None:  # immutable config, so the request never changes; not a field (not compared)
+            min_size = default_min_size(self.partition) if self.min_size is None else self.min_size
+            built = PartitionConfig(name=self.partition, clients=self.clients, min_size=min_size,
+                                    seed=self.seed, **self.partition_args)
+            object.__setattr__(self, "_partition_config", built)
+        return built
 
     def algo_config(self) -> AlgoConfig:
         """The algorithm's config: its defaults, then the dataset preset's, then ``algo_args`` (--set)."""
