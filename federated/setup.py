@@ -4,7 +4,7 @@ unless given), the partition over clients and its report, the task, the initiali
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -75,14 +75,19 @@ def partitioned(cfg: FederateConfig,
                 data: ImageData | None = None) -> tuple[ImageData, Task, list[np.ndarray]]:
     """The run's data (loaded unless given), its task, and every client's training-sample positions."""
     if data is None:
-        data = load_dataset(DataConfig(name=cfg.dataset, root=cfg.data_root, download=cfg.download,
-                                       store_size=cfg.store_size, split_csv=cfg.split_csv,
-                                       test_csv=cfg.test_csv, decode=cfg.decode, verify=cfg.verify,
-                                       val_fraction=cfg.val_fraction, seed=cfg.seed))
+        data = load_dataset(data_config(cfg))
     task = TASKS[data.task](data, cfg)
     labels = task.sample_labels(data.train_y).numpy()
     natural = data.clients.numpy() if data.clients is not None else None
     return data, task, partition(labels, cfg.partition_config(), natural)
+
+
+def data_config(cfg: FederateConfig) -> DataConfig:
+    """The loader's settings of a run: its data group, field by field (two named differently there)."""
+    return DataConfig(**{f.name: getattr(cfg, _AS_NAMED.get(f.name, f.name)) for f in fields(DataConfig)})
+
+
+_AS_NAMED = {"name": "dataset", "root": "data_root"}  # DataConfig field -> FederateConfig field
 
 
 def client_class_counts(task: Task, data: ImageData, parts: list) -> np.ndarray:

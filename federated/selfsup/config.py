@@ -13,19 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fpsfl.base.settings import check, override, setting
+from fpsfl.base.settings import check, group_fields, override, setting
 
 from ..datasets import Preset
-from ..experiment import RunOptions
+from ..experiment import FederateConfig, RunOptions
 from . import FED_SSL
 from .base import SSLConfig
 
 GROUP = "self-pre-training"
-# the FederateConfig fields self-pre-training reads: data, partition (with every partition's settings),
-# client sampling, model and seed; the others (rounds, lr, ...) are supervised ones
-DATA_FIELDS = ("dataset", "data_root", "download", "split_csv", "test_csv", "decode", "verify", "store_size",
-               "input_size", "val_fraction", "partition", "clients", "min_size", "participation", "arch",
-               "width", "init", "init_format", "seed")
+# the FederateConfig fields self-pre-training reads: its data, partition and model groups (every partition's
+# own settings beside them), client sampling and seed; the others (rounds, lr, ...) are supervised ones
+DATA_FIELDS = (*group_fields(FederateConfig, "data", "partition"), "participation",
+               *group_fields(FederateConfig, "model"), "seed")
 
 
 @dataclass(frozen=True)

@@ -183,3 +183,9 @@ def defaults(cls: type) -> dict[str, Any]:
         elif f.default_factory is not dataclasses.MISSING:
             out[f.name] = f.default_factory()
     return out
+
+
+def group_fields(cls: type, *groups: str) -> tuple[str, ...]:
+    """The names of ``cls``'s fields declared in ``groups`` (:func:`setting`'s ``group``), in declaration
+    order: one group's settings taken as a whole (e.g. a run's data settings) instead of a hand list."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("group") in groups)

@@ -186,3 +186,21 @@ def test_init_is_opened_once_per_run(tmp_path, capsys, monkeypatch):
     assert opened == [tmp_path / "c.ckpt"]
     record = json.loads((tmp_path / "r" / "config.json").read_text())["config"]
     assert record["init_sha256"] == initialisation.file_sha256(tmp_path / "c.ckpt")
+
+
+def test_the_loader_settings_are_the_data_group():
+    """A dataset flag is declared once per config (FederateConfig's data group, DataConfig) and copied by
+    name (federated.setup.data_config); self-pre-training takes the whole group (issue 39)."""
+    from dataclasses import fields
+
+    from federated.datasets import DataConfig
+    from federated.selfsup.config import DATA_FIELDS
+    from federated.setup import _AS_NAMED, data_config
+    from fpsfl.base.settings import group_fields
+
+    data_group = set(group_fields(FederateConfig, "data"))
+    loader = {_AS_NAMED.get(f.name, f.name) for f in fields(DataConfig)}
+    assert loader - {"seed"} <= data_group and data_group - loader == {"input_size"}  # input_size: the model
+    assert data_group <= set(DATA_FIELDS)
+    cfg = FederateConfig(data_root="x", decode="memory", verify=False, val_fraction=0.1, seed=4)
+    assert (data_config(cfg).root, data_config(cfg).decode, data_config(cfg).seed) == ("x", "memory", 4)
