@@ -67,11 +67,12 @@ def _open(path: str) -> Image.Image:
         raise DataError(f"cityscapes: cannot read {path!r}: {type(e).__name__}: {e}") from e
 
 
-def _stored_width(path: str, height: int) -> int:
-    """The width that keeps the image's aspect at ``height`` px (2048 x 1024 sources: 2 x height)."""
+def _stored_width(path: str, height: int) -> tuple[int, str]:
+    """The width that keeps the image's aspect at ``height`` px (2048 x 1024 sources: 2 x height), and the
+    image's own size as W x H."""
     with Image.open(path) as img:
         w, h = img.size
-    return max(1, round(height * w / h))
+    return max(1, round(height * w / h)), f"{w}x{h}"
 
 
 def _eight_bit_ids(ids: Image.Image, path: str) -> Image.Image:
@@ -90,7 +91,7 @@ def decode_cityscapes(images: list[str], labels: list[str], height: int, lut: np
     W), label ids resized nearest then mapped through ``lut``; W keeps the aspect of the first image, and
     every other image must come out the same."""
     try:
-        width = _stored_width(images[0], height)
+        width, first = _stored_width(images[0], height)
     except Exception as e:  # any failure to read the header is a problem with this file
         raise DataError(f"cityscapes: cannot read {images[0]!r}: {type(e).__name__}: {e}") from e
     x = np.empty((len(images), height, width, 3), dtype=np.uint8)
@@ -103,8 +104,8 @@ def decode_cityscapes(images: list[str], labels: list[str], height: int, lut: np
                 raise DataError(f"cityscapes: label {labels[i]!r} is {lw}x{lh} px (W x H) but its image "
                                 f"is {w}x{h}")
             if max(1, round(height * w / h)) != width:
-                raise DataError(f"cityscapes: {images[i]!r} ({w}x{h}) has another aspect than "
-                                f"{images[0]!r}; all images of a split must store at {width}x{height}")
+                raise DataError(f"cityscapes: {images[i]!r} ({w}x{h}) has another aspect than {images[0]!r} "
+                                f"({first}); all images of a split must store at {width}x{height}")
             try:
                 rgb = pil_rgb(img)  # 16-bit scaled to 8, transparency on black
             except ValueError as e:

@@ -16,6 +16,7 @@ starting with ``_`` are private to the package: its reader modules share them.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -116,12 +117,33 @@ def _require_dir(path: str, what: str) -> None:
         raise DataError(f"{what}: {path!r} {problem}")
 
 
+def _read_text(path: str, what: str) -> str:
+    """The text of a UTF-8 file (a leading byte-order mark dropped, line ends kept), or a one-line
+    DataError naming the file and the first byte that is not UTF-8."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise DataError(f"{what}: cannot read {path!r}: {e.strerror or e}") from e
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{what}: {path!r} is not UTF-8 text (byte {e.start}: "
+                        f"{data[e.start:e.start + 1]!r}); save it as UTF-8") from None
+
+
+def _is_int(value: str) -> bool:
+    """Whether ``value`` is an integer of at most 18 ASCII digits, as ``int`` reads it (not "²", not "--1",
+    not 5,000 digits, which ``int`` refuses)."""
+    return re.fullmatch(r"-?[0-9]{1,18}", value) is not None
+
+
 def _ids(values: list[str]) -> tuple[list[int], list[str]]:
     """Map values to 0..K-1 in sorted order (numeric when all are integers); returns (indices, names).
 
     Natural clients (iNat-GEO users, Cityscapes cities) get ids that do not depend on the file order."""
     unique = set(values)
-    numeric = all(v.lstrip("-").isdigit() for v in unique)
+    numeric = all(_is_int(v) for v in unique)
     names = sorted(unique, key=int) if numeric else sorted(unique)
     index = {v: i for i, v in enumerate(names)}
     return [index[v] for v in values], names

@@ -9,18 +9,21 @@ global test set; without it a deterministic 10% of each client's images is held 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
+import re
 import zlib
 from collections.abc import Callable
 
 from pretrain.folder import walk_images
 
 from . import DataConfig, Preset, register_dataset
-from .decode import DataError, Loaded, _ids, _require_dir
+from .decode import DataError, Loaded, _ids, _is_int, _read_text, _require_dir
 from .stream import decode_split, wants_stream
 
 INAT_HOLDOUT = 10  # iNat-GEO without a split column: every 10th image of each client is test (10%)
+MAX_CLASSES = 100_000  # integer class ids above are refused (iNaturalist-2021 has 10,000 classes)
 
 # Accepted CSV column names, most specific first. Hsu et al.'s published CSVs have user_id, image_id, class
 # and label, where `class` is the label of their paper and `label` the original iNaturalist one: so `class`
@@ -43,7 +46,7 @@ def _column(header: list[str], names: tuple[str, ...], what: str, csv_path: str,
 
 def _label_ids(values: list[str]) -> tuple[list[int], list[str]]:
     """Integer labels keep their value (n_classes = max + 1, e.g. 1,203 for iNat-GEO); names are sorted."""
-    if all(v.isdigit() for v in values):
+    if all(_is_int(v) for v in values):  # none negative: _read_csv refuses them
         n = max(int(v) for v in values) + 1
         return [int(v) for v in values], [str(i) for i in range(n)]
     return _ids(values)
@@ -116,10 +119,9 @@ def _read_csv(path: str, what: str, client: bool = True) -> dict[str, list[str]]
     """The columns of a split CSV by role: client (when ``client``), image, label and (optional) split."""
     if not os.path.isfile(path):
         raise DataError(f"inat-geo: {what} {path!r} does not exist")
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = [h.strip().lower() for h in next(reader, [])]
-        rows = [r for r in reader if any(v.strip() for v in r)]
+    reader = csv.reader(io.StringIO(_read_text(path, "inat-geo"), newline=""))
+    header = [h.strip().lower() for h in next(reader, [])]
+    rows = [r for r in reader if any(v.strip() for v in r)]
     names = {"image": _column(header, IMAGE_COLUMNS, "image", path),
              "label": _column(header, LABEL_COLUMNS, "label", path),
              "split": _column(header, SPLIT_COLUMNS, "split", path, required=False)}
@@ -133,6 +135,11 @@ def _read_csv(path: str, what: str, client: bool = True) -> dict[str, list[str]]
     for role in ("client", "image", "label"):
         if "" in columns.get(role, []):
             raise DataError(f"inat-geo: {path!r} has rows with an empty {names[role]!r}")
+    bad = next((v for v in columns["label"] if re.fullmatch(r"-?[0-9]+", v)
+                and (v.startswith("-") or len(v) > 9 or int(v) >= MAX_CLASSES)), None)
+    if bad is not None:  # ids keep their value (n_classes = max + 1): a wild one would build a huge head
+        raise DataError(f"inat-geo: {path!r} has the class id {bad[:24]} in its {names['label']!r} column; "
+                        f"integer ids must lie in 0..{MAX_CLASSES - 1} (iNat-GEO uses 0..1202)")
     if "split" in columns:
         split = [v.lower() for v in columns["split"]]
         if set(split) - {"train", "test"}:
@@ -185,10 +192,18 @@ def read_inat_geo(root: str, split_csv: str | None, size: int, workers: int | No
     clients, images, labels, classes, test = _read_split(split_csv, test_csv)
     find = _image_finder(root)
     paths = [find(v) for v in images]
-    missing = [v for v, p in zip(images, paths, strict=True) if p is None]
+    source = [test_csv if test_csv and t else split_csv for t in test]  # the CSV each row comes from
+    missing = [i for i, p in enumerate(paths) if p is None]
     if missing:
-        raise DataError(f"inat-geo: {len(missing)} images of {split_csv!r} not found under {root!r}, "
-                        f"e.g. {missing[0]!r}")
+        raise DataError(f"inat-geo: {len(missing)} images of {source[missing[0]]!r} not found under "
+                        f"{root!r}, e.g. {images[missing[0]]!r}")
+    first: dict[str, int] = {}
+    for i, p in enumerate(paths):  # one label per image, and no test image trained on
+        if (j := first.setdefault(os.path.normpath(p), i)) != i:
+            also = f" (first as {images[j]!r})" if images[j] != images[i] else ""
+            where = (f"twice in {source[i]!r}" if source[i] == source[j]
+                     else f"in {source[j]!r} and {source[i]!r}")
+            raise DataError(f"inat-geo: the image {images[i]!r} is listed {where}{also}; each image once")
     tr = [i for i, t in enumerate(test) if not t]
     te = [i for i, t in enumerate(test) if t]
     if not tr or not te:

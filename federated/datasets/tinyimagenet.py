@@ -9,7 +9,7 @@ import os
 from pretrain.folder import is_image
 
 from . import DataConfig, Preset, register_dataset
-from .decode import DataError, Loaded, _require_dir
+from .decode import DataError, Loaded, _read_text, _require_dir
 from .stream import decode_split, wants_stream
 
 
@@ -24,9 +24,14 @@ def read_tinyimagenet(root: str, size: int, workers: int | None = None, decode: 
     if not os.path.isfile(os.path.join(base, "wnids.txt")):
         raise DataError(f"tinyimagenet: no wnids.txt in {root!r} nor in {base!r}; unzip "
                         f"tiny-imagenet-200.zip (http://cs231n.stanford.edu/tiny-imagenet-200.zip) there")
-    with open(os.path.join(base, "wnids.txt")) as f:
-        wnids = [line.strip() for line in f if line.strip()]
+    listing = os.path.join(base, "wnids.txt")
+    wnids = [line.strip() for line in _read_text(listing, "tinyimagenet").splitlines() if line.strip()]
+    if not wnids:
+        raise DataError(f"tinyimagenet: {listing!r} lists no wnid (one class id a line)")
     index = {w: i for i, w in enumerate(wnids)}
+    if len(index) < len(wnids):
+        twice = next(w for i, w in enumerate(wnids) if index[w] != i)
+        raise DataError(f"tinyimagenet: {listing!r} lists {twice!r} twice; each class once")
     train_paths, train_labels = [], []
     for i, wnid in enumerate(wnids):
         folder = os.path.join(base, "train", wnid, "images")
@@ -39,17 +44,22 @@ def read_tinyimagenet(root: str, size: int, workers: int | None = None, decode: 
     annotations = os.path.join(base, "val", "val_annotations.txt")
     if not os.path.isfile(annotations):
         raise DataError(f"tinyimagenet: {annotations!r} does not exist (it labels val/, our test set)")
-    test_paths, test_labels = [], []
-    with open(annotations) as f:
-        for n, line in enumerate(f, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            if len(fields) < 2 or fields[1] not in index:
-                raise DataError(f"tinyimagenet: {annotations}:{n}: expected 'FILE WNID ...' with a wnid of "
-                                f"wnids.txt, got {line.strip()!r}")
-            test_paths.append(os.path.join(base, "val", "images", fields[0]))
-            test_labels.append(index[fields[1]])
+    test_paths, test_labels, listed = [], [], set()
+    for n, line in enumerate(_read_text(annotations, "tinyimagenet").splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) < 2 or fields[1] not in index:
+            raise DataError(f"tinyimagenet: {annotations}:{n}: expected 'FILE WNID ...' with a wnid of "
+                            f"wnids.txt, got {line.strip()!r}")
+        if os.path.basename(fields[0]) != fields[0] or fields[0] in (".", "..") or fields[0] in listed:
+            problem = "listed twice" if fields[0] in listed else "not a file name in val/images/"
+            raise DataError(f"tinyimagenet: {annotations}:{n}: {fields[0]!r} is {problem}")
+        listed.add(fields[0])
+        test_paths.append(os.path.join(base, "val", "images", fields[0]))
+        test_labels.append(index[fields[1]])
+    if not test_paths:
+        raise DataError(f"tinyimagenet: {annotations!r} labels no image (our test set)")
     stream = wants_stream(decode, len(train_paths) + len(test_paths), size)
     return decode_split("tinyimagenet", (train_paths, train_labels), (test_paths, test_labels), wnids, size,
                         workers, stream=stream)
