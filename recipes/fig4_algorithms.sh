@@ -13,7 +13,10 @@
 # resampled once per selected round; N_VC = the mean client size) and FedIR (Hsu et al. 2020).
 # Departures: SCAFFOLD's option II divides by FedNova's momentum-aware step count a(K, 0.9), not K: with
 # K and the paper's local momentum 0.9 the control variates grow every round until training collapses (10%
-# on digits, federated/algorithms/scaffold.py); --set steps=plain gives option II as written.
+# on digits, federated/algorithms/scaffold.py); --set steps=plain gives option II as written. SCAFFOLD's
+# corrected gradient also goes through the momentum step (NIID-Bench's Algorithm 2: plain SGD; --momentum 0),
+# FedNova's a_i is Wang et al.'s momentum-aware one (NIID-Bench divides by tau_i), and FedIR's p(y) is the
+# clients' pooled class distribution, not a server-side target.
 # The figure's numbers are not in the text: `analyze report` prints one table per algorithm.
 # GPU time (estimates from bench/gpu-results, not measured): about 2 h per run (70 s a round); 4 methods x
 # 3 inits x 3 seeds = 36 runs (EXTRA=1: 81).
