@@ -2,7 +2,8 @@
 # Fig. 5 (Chen et al., ICLR 2023, §4.3): "Deeper/wider ResNet": "On CIFAR-10 (α = 0.3), we study different
 # network depths and widths based on ResNet20", random vs FPS vs real (ImageNet32) initialisation, each
 # backbone pre-trained as its ResNet20 (Table 8: ResNet{20, 32, 44, 56}). Otherwise the default setting:
-# 10 clients, full participation, 100 rounds x 5 local epochs, Table 9's SGD.
+# 10 clients, full participation, 100 rounds x 5 local epochs, Table 9's SGD; Dir(0.3) as §4.2 splits it
+# (--balance none, common.sh).
 # Departures: the widths are not in the text; the recipe runs ResNet20 x{1, 2, 4} beside depths 20, 32, 44
 # and 56 at width 1. The figure's numbers are not in the text.
 # GPU time (estimates from bench/gpu-results, not measured): 6 backbones x 2 pre-trainings (FPS 4-5 h for

@@ -4,7 +4,8 @@
 # rounds (the paper's default), x0.95 every round, and no decay; random vs pre-trained (ImageNet32 ResNet20 /
 # Places365 ResNet18). Left: the global model's accuracy and the local models' mean per round; right: "the
 # test loss variance of 100 sampled coefficients ... to combine the local models in each round".
-# Otherwise §4.2 (100 rounds, ResNet20 at 32 px / ResNet18 at 64 px, Table 9's SGD).
+# Otherwise §4.2 (100 rounds, ResNet20 at 32 px / ResNet18 at 64 px, Table 9's SGD; Dir(0.3) as §4.2 splits
+# it, --balance none, common.sh).
 # Departures: none known. The figures' numbers are not in the text.
 # GPU time (estimates, not measured): 2 datasets x 3 schedules x 2 inits = 12 runs of about 2 h, plus 100
 # test-set passes every round for the variance.

@@ -7,6 +7,7 @@
 # 32 (the CIFAR / Tiny-ImageNet recipe of Table 9). Model: ResNet18 at 224 px (the text names no network; an
 # ImageNet init of torchvision's ResNet18 and FPS at 224 px are the paper's ResNet18 setting), images held at
 # 224 px (5,856 X-rays: 0.9 GB).
+# Dir(0.3) as §4.2 splits it (--balance none, common.sh).
 # Departures: the network and resolution are our reading (above). Only federated numbers are in the paper.
 # GPU time (estimates, not measured): FPS ResNet18 at 224 px as in table3_tinyimagenet.sh (13-55 h); 3 inits
 # x 3 seeds = 9 runs on 5K images.

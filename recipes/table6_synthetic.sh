@@ -3,7 +3,8 @@
 # on CIFAR-10 and CIFAR-100 (α = 0.1) and Tiny-ImageNet (α = 0.3) from Random, Fractal + Multi-label,
 # StyleGAN + SimSiam, Fractal + SimSiam and FPS + SimSiam (Table 6), plus StyleGAN / Fractal / FPS + MoCo-V2
 # and ImageNet / Places365 (Table 12); "means of 3 runs".
-# The paper's setting: "M = 10 clients and full participation", otherwise §4.2 (ResNet20 at 32 px for CIFAR,
+# The paper's setting: "M = 10 clients and full participation", Dir(α) as §4.2 splits it (--balance none,
+# common.sh), otherwise §4.2 (ResNet20 at 32 px for CIFAR,
 # ResNet18 at 64 px for Tiny-ImageNet, 100 rounds x 5 local epochs, Table 9's SGD). Every pre-training "the
 # same setup" (App. A.2): 100 epochs, batch 256; SimSiam lr 0.05, MoCo-V2 lr 0.03 with a 65,536-key
 # dictionary, both cosine; FPS pairs and fractals rendered on the fly (1M a epoch; 32 px for ResNet20, 224 px
