@@ -9,7 +9,8 @@
 #   and Fig. 8 say 300; Fig. 18's caption says 100: the recipe keeps 300 for both, declared).
 #   Fig. 9: loss landscapes of the final global models of CIFAR-10 runs "for different α and for an IID
 #           condition", from "the same random (or pre-trained) weights".
-# Otherwise the default setting (100 rounds x 5 local epochs, Table 9's SGD). The convex and variance
+# Otherwise the default setting (100 rounds x 5 local epochs, Table 9's SGD; Dir(α) as §4.2 splits it,
+# --balance none, common.sh). The convex and variance
 # analyses are oracles on the test set, as the paper's are.
 # Departures: the α values of Fig. 9 are not in the text; the recipe uses 0.1, 0.3 (the §6 runs), 1.0 and
 # IID. λ and the loss variance are tracked every TRACK_EVERY (10) rounds, not every round (the paper's
