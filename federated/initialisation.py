@@ -17,12 +17,15 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+import numpy as np
 import torch
 from torch import nn
 
 from fpsfl.base.checkpoint import CheckpointError, load_backbone_weights, load_checkpoint, load_weights_only
 from fpsfl.base.files import file_sha256
 from pretrain.backbones import create_backbone
+
+from .partitions.report import indices_sha256
 
 # torchvision's ImageNet weight files, as torch.hub stores them under <hub dir>/checkpoints/
 IMAGENET_FILES = {
@@ -284,12 +287,14 @@ def check_partition(init: str | InitSource, init_format: str, settings: dict) ->
                         f"data: {diffs}; give federate the data and partition flags (and --seed) of that run")
 
 
-def check_partition_indices(init: str | InitSource, init_format: str, sha256: str) -> None:
+def check_partition_indices(init: str | InitSource, init_format: str, parts: list[np.ndarray]) -> None:
     """The second half of :func:`check_partition`, once the data is loaded and partitioned: refuse an
-    ``--init`` self-pre-trained with the same settings on other client samples (``sha256``:
-    :func:`federated.partitions.indices_sha256` of this run's partition), e.g. a changed dataset."""
+    ``--init`` self-pre-trained with the same settings on other client samples than this run's ``parts``
+    (compared by :func:`federated.partitions.indices_sha256`, taken only for such a checkpoint)."""
     source, record = _partition_record(init, init_format)
-    if record is not None and record.get("indices_sha256") not in (None, sha256):
+    if record is None or record.get("indices_sha256") is None:
+        return
+    if record["indices_sha256"] != indices_sha256(parts):
         raise InitError(f"--init {source.spec} was self-pre-trained with these partition settings but on "
                         f"other client samples (the indices' sha256 differ: has the dataset changed?)")
 

@@ -48,7 +48,7 @@ class RoundWork(Protocol):
     def postfix(self, record: dict) -> dict[str, str]:
         """What the progress bar shows after the round (may be empty)."""
 
-    def finish(self, rows: list[dict]) -> None:
+    def finish(self) -> None:
         """Write the run's final artifact (the last round is on disk)."""
 
 
@@ -81,7 +81,7 @@ def run_rounds(work: RoundWork, start: int, rundir: RunDir, *, progress: bool, l
     bar.close()
     rows = rundir.metrics()
     if rows and rows[-1]["round"] == work.last_round:
-        work.finish(rows)
+        work.finish()
     return rows
 
 

@@ -16,7 +16,7 @@ from pretrain.backbones import create_backbone
 from .algorithms import ALGORITHMS, FedAvg
 from .datasets import DataConfig, ImageData, load_dataset
 from .experiment import FederateConfig
-from .initialisation import InitSource, initialise, resolve_init
+from .initialisation import InitSource, initialise
 from .partitions import partition, write_partition_report
 from .shards import Shard
 from .tasks import TASKS, Task
@@ -48,8 +48,6 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
         sizes, counts = list(shard.manifest["sizes"]), np.asarray(shard.manifest["class_counts"])
         parts = [torch.zeros(0, dtype=torch.long) for _ in sizes]
         parts[shard.client] = torch.arange(len(data.train_y))
-    if load_init:  # the runner passes the --init it resolved and checked (federated.runner.run)
-        init = init or resolve_init(cfg.init, cfg.init_format, cfg.arch)
     # the CL baseline trains plain SGD on the pooled data: client and server steps have no meaning there
     algo_cls = FedAvg if cfg.centralized else ALGORITHMS[cfg.algo]
     missing = algo_cls.requires - task.provides
@@ -58,7 +56,8 @@ def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = No
                          f"does not provide; choose another algorithm")
     torch.manual_seed(cfg.seed)
     backbone = create_backbone(cfg.arch, cfg.width)
-    report = (initialise(backbone, cfg.arch, cfg.width, init) if load_init
+    # the runner passes the --init it resolved and checked (federated.runner.run); others give the spec
+    report = (initialise(backbone, cfg.arch, cfg.width, init or cfg.init, cfg.init_format) if load_init
               else f"resumed from the run's state ({cfg.init} at the start)")
     model = task.build_model(backbone)
     algo_cfg = FedAvg.Config() if cfg.centralized else cfg.algo_config()

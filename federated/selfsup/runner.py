@@ -159,7 +159,7 @@ class _SelfPretrain:
     def postfix(self, record: dict) -> dict[str, str]:
         return {"loss": f"{record['loss']:.3f}"} if "loss" in record else {}
 
-    def finish(self, rows: list[dict]) -> None:
+    def finish(self) -> None:
         fed, sp = self.fed, self.sp
         ckpt = make_checkpoint(self.model.backbone, arch=fed.arch, width=fed.width, method=sp.algo,
                                source=f"{fed.dataset} (federated self-pre-training)", epoch=sp.rounds,
