@@ -20,7 +20,6 @@ import dataclasses
 import io
 import os
 import shutil
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,8 @@ from federated.datasets import DataConfig, DataError, StreamedImages, load_datas
 from federated.datasets.cityscapes import IGNORE_ID
 from federated.datasets.stream import fetch
 from recipes.smoke_data import noisy, write_cityscapes, write_imagefolder, write_inat_geo, write_tiny
+
+from .hostile_table import run_table, write_valid
 
 BATCH = 16  # images per streamed batch
 NON_UTF8 = b"\xff\xfe\xfa"
@@ -352,11 +353,7 @@ def _outcome(fmt: Format, cfg: dict, decode: str) -> str:
 @pytest.fixture(scope="module")
 def valid(tmp_path_factory) -> dict[str, Path]:
     """Each format written once, valid; a case copies it and changes one file."""
-    roots = {}
-    for fmt in FORMATS.values():
-        roots[fmt.name] = tmp_path_factory.mktemp(fmt.name)
-        fmt.write(roots[fmt.name])
-    return roots
+    return write_valid(tmp_path_factory, FORMATS.values())
 
 
 def _run(valid: dict[str, Path], tmp: Path, name: str, case: str, decode: str, i: int) -> str:
@@ -379,19 +376,13 @@ def test_every_valid_format_loads(valid, tmp_path):
 
 def test_the_hostile_format_table(valid, tmp_path):
     assert MUST_REFUSE <= {case for _, case, _ in CASES}
-    counts: Counter = Counter()
-    rows = []
-    for i, (name, case, decode) in enumerate(CASES):
-        try:
-            outcome = _run(valid, tmp_path, name, case, decode, i)
-            if case in MUST_REFUSE and outcome == "loaded":
-                outcome = "TRACEBACK none: loaded, but must be refused"
-        except Exception as exc:  # noqa: BLE001  a traceback for the user: listed, then failed below
-            outcome = f"TRACEBACK {type(exc).__name__}: {exc}"[:200]
-        counts[outcome if not outcome.startswith("TRACEBACK") else "traceback"] += 1
-        rows.append(f"{name:12} {decode:6} {case:52} {outcome}")
-    print("\n" + "\n".join(rows))
-    print(f"{len(CASES)} cases: {counts['refused']} refused in one line, {counts['loaded']} loaded as the "
-          f"format promises, {counts['traceback']} tracebacks")
-    assert counts["traceback"] == 0, "\n".join(r for r in rows if "TRACEBACK" in r)
+
+    def outcome(numbered: tuple[int, tuple[str, str, str]]) -> str:
+        i, (name, case, decode) = numbered
+        result = _run(valid, tmp_path, name, case, decode, i)
+        if case in MUST_REFUSE and result == "loaded":
+            return "TRACEBACK none: loaded, but must be refused"
+        return result
+
+    counts = run_table(list(enumerate(CASES)), lambda n: f"{n[1][0]:12} {n[1][2]:6} {n[1][1]:52}", outcome)
     assert counts["refused"] >= len(CASES) // 3  # the table is hostile: many cases must be refused

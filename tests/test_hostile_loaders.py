@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pickle
 import shutil
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,8 @@ from federated.datasets import DataConfig, DataError, load_dataset
 from pretrain.folder import FolderError
 from pretrain.imagenet32 import read_imagenet32
 from recipes.smoke_data import py2_dump, write_cifar, write_imagenet32
+
+from .hostile_table import run_table, write_valid
 
 N = 20  # rows of the batch that is made hostile (recipes.smoke_data's per-file count)
 
@@ -154,11 +155,7 @@ def _outcome(root: Path, fmt: Format) -> str:
 @pytest.fixture(scope="module")
 def valid(tmp_path_factory) -> dict[str, Path]:
     """Each format written once, valid; a case copies it and changes one entry."""
-    roots = {}
-    for fmt in FORMATS.values():
-        roots[fmt.name] = tmp_path_factory.mktemp(fmt.name)
-        fmt.write(roots[fmt.name])
-    return roots
+    return write_valid(tmp_path_factory, FORMATS.values())
 
 
 def test_every_valid_format_loads(valid, skip_md5):
@@ -167,22 +164,15 @@ def test_every_valid_format_loads(valid, skip_md5):
 
 
 def test_the_hostile_loader_table(valid, skip_md5, tmp_path):
-    counts: Counter = Counter()
-    rows = []
-    for name, field, value in CASES:
-        fmt = FORMATS[name]
-        root = tmp_path / f"case{len(rows)}"
-        shutil.copytree(valid[name], root)
-        _make_hostile(root, fmt, field, value)
+    def outcome(case: tuple[str, str, str]) -> str:
+        name, field, value = case
+        root = tmp_path / "case"  # one case at a time, removed after it
         try:
-            outcome = _outcome(root, fmt)
-        except Exception as exc:  # noqa: BLE001  a traceback for the user: listed, then failed below
-            outcome = f"TRACEBACK {type(exc).__name__}: {exc}"[:160]
-        counts[outcome if not outcome.startswith("TRACEBACK") else "traceback"] += 1
-        rows.append(f"{name:10} {field:6} {value:38} {outcome}")
-        shutil.rmtree(root)
-    print("\n" + "\n".join(rows))
-    print(f"{len(CASES)} cases: {counts['refused']} refused in one line, {counts['loaded']} loaded as the "
-          f"format promises, {counts['traceback']} tracebacks")
-    assert counts["traceback"] == 0, "\n".join(r for r in rows if "TRACEBACK" in r)
+            shutil.copytree(valid[name], root)
+            _make_hostile(root, FORMATS[name], field, value)
+            return _outcome(root, FORMATS[name])
+        finally:
+            shutil.rmtree(root)
+
+    counts = run_table(CASES, lambda case: f"{case[0]:10} {case[1]:6} {case[2]:38}", outcome)
     assert counts["refused"] >= len(CASES) // 2  # the table is hostile: most cases must be refused
