@@ -26,6 +26,7 @@ from federated.experiment import FederateConfig
 from federated.setup import Setup, setup
 from fpsfl.base.checkpoint import load_weights_only
 from fpsfl.base.device import resolve_device
+from fpsfl.base.migrate import FormatError, migrate
 from fpsfl.base.rundir import STATE, digest_matches, jsonl_lines, missing_steps, recorded_digest, step_ranges
 
 
@@ -92,8 +93,10 @@ def load_run(path: str | Path) -> Run:
                             f"make one with federate --out {path}")
     _not_federate(path)
     try:
-        record = json.loads(config_path.read_text())["config"]
+        record = migrate(json.loads(config_path.read_text()), config_path)["config"]
         config = FederateConfig.from_dict(record["federate"])
+    except FormatError as exc:
+        raise AnalysisError(str(exc)) from None
     except (KeyError, TypeError, ValueError) as exc:
         raise AnalysisError(f"{config_path}: unreadable ({exc}); re-run federate into a new "
                             f"directory") from None
@@ -112,7 +115,7 @@ def _saved(path: Path) -> tuple[dict, dict] | None:
     """(the ``config`` record, the ``run`` options) of a run directory's config.json; None when unreadable
     (left to the caller to report)."""
     try:
-        saved = json.loads((path / "config.json").read_text())
+        saved = migrate(json.loads((path / "config.json").read_text()), path / "config.json")
         record, run = saved["config"], saved.get("run")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -85,16 +85,16 @@ def run_rounds(work: RoundWork, start: int, rundir: RunDir, *, progress: bool, l
     return rows
 
 
-def check_resume(rundir: RunDir, config: dict, parts: tuple[str, ...], init: str,
-                 defaults: dict[str, dict] | None = None) -> None:
+def check_resume(rundir: RunDir, config: dict, parts: tuple[str, ...], init: str) -> None:
     """Refuse (one line) a --resume whose settings differ from the saved run's in any of the config's
-    ``parts``; ``defaults`` fill keys that older runs did not record. The --init path is not compared (the
-    state holds the model) but its sha256 is: a moved init file resumes, another of that name does not."""
+    ``parts`` (an older run's record brought to today's format first, :mod:`fpsfl.base.migrate`). The --init
+    path is not compared (the state holds the model) but its sha256 is: a moved init file resumes, another of
+    that name does not."""
     saved, mine = rundir.saved_config(), plain(config)
     for part in parts:
         a, b = saved.get(part), mine[part]
         if isinstance(b, dict) and (a is None or isinstance(a, dict)):
-            a = {**(defaults or {}).get(part, {}), **{k: v for k, v in (a or {}).items() if k != "init"}}
+            a = {k: v for k, v in (a or {}).items() if k != "init"}
             b = {k: v for k, v in b.items() if k != "init"}
         if a != b:
             changed = (sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .migrate import FormatError, migrate
 from .settings import check_field, coerce, field_types
 
 if sys.version_info >= (3, 11):
@@ -56,14 +57,18 @@ def read_sections(path: Path, known: Iterable[str], recorded: Iterable[str] = ()
 
 def run_record(path: Path) -> dict | None:
     """The ``config`` record of a run directory's ``config.json`` (what the run was started with, and what it
-    recorded beside, such as its --init file's sha256), or None for a plain settings file."""
+    recorded beside, such as its --init file's sha256), or None for a plain settings file. A record of an
+    older format is brought to this code's (:func:`fpsfl.base.migrate.migrate`): it replays as it ran."""
     data = _load(path)
     if not ("config" in data and "code_version" in data):
         return None
     if not isinstance(data["config"], dict):
         raise ConfigFileError(f"--config {path}: its config record must be a table of settings, got "
                               f"{data['config']!r}")
-    return data["config"]
+    try:
+        return migrate(data, f"--config {path}")["config"]
+    except FormatError as exc:
+        raise ConfigFileError(str(exc)) from None
 
 
 def typed(cls: type | Iterable[type], values: Mapping[str, Any], where: str,

@@ -49,6 +49,7 @@ from .files import (
     lock_file,
     unlock_file,
 )
+from .migrate import FORMAT, migrate
 from .settings import setting
 from .tensorboard import ScalarWriter, check_log_dir, run_log_dir
 
@@ -245,8 +246,8 @@ class RunDir:
         self.ensure_new()
         self.path.mkdir(parents=True, exist_ok=True)
         options = asdict(opts) if is_dataclass(opts) else dict(opts)
-        record = {"config": plain(config), "run": plain({k: str(v) for k, v in options.items()}),
-                  "code_version": code_version(), "torch": torch.__version__,
+        record = {"config_format": FORMAT, "config": plain(config), "run": plain({k: str(v) for k, v in
+                  options.items()}), "code_version": code_version(), "torch": torch.__version__,
                   "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self._write_text(self.config_path, json.dumps(record, indent=2) + "\n")
         self._digest = None
@@ -254,7 +255,7 @@ class RunDir:
 
     def saved_config(self) -> dict:
         try:
-            return json.loads(self.config_path.read_text())["config"]
+            return migrate(json.loads(self.config_path.read_text()), self.config_path)["config"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise RunDirError(f"--resume: {self.config_path} is missing or unreadable ({exc}); "
                               f"start a new run") from None

@@ -1,0 +1,69 @@
+"""The format of a run's ``config.json``, and the one function that brings an older record to it (issue 39).
+
+Every run directory's ``config.json`` carries ``config_format``; a file without it is format 1 (every run
+before issue 39). Readers of a record (``--config`` replay, ``--resume``'s comparison, ``analyze``) take it
+through :func:`migrate`, so that a setting added or re-defaulted after a run was written replays as that run
+had it, not as today's default says. Each step is plain data about the record: which settings a format did
+not record, and the value every run of that format used.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+FORMAT = 2  # the config.json format this code writes
+KEY = "config_format"
+
+# Settings that format 1 records may lack (they came later), with the value the runs without them had:
+# amp (bf16 autocast) came with issue 26, before it every run was float32; the partitions' balance (issue 41),
+# deal and noise_scale (issue 30) were added with the behaviour of the code before them as their default;
+# pretrain's init_scale (issue 38) came after every run had trained from the He init unscaled.
+_ADDED_BY_TABLE = {
+    "federate": {"amp": False, "balance": "niid-bench", "deal": "balanced", "noise_scale": "std"},
+    "pretrain": {"init_scale": 1.0},
+}
+# Algorithm settings whose default changed (issue 30: FedAvgM's Nesterov form, FedVC's draw once a round),
+# with the behaviour before. A format-1 replay rebuilt them from today's defaults (only --set was replayed),
+# so the value the run used (its resolved ``algo`` table's, else the old behaviour) is pinned into its --set.
+_ALGO_BEFORE = {"fedavgm": {"nesterov": False}, "fedvc": {"draw": "epoch"}}
+
+
+class FormatError(ValueError):
+    """A record this code cannot read; the message is one line (exit code 2)."""
+
+
+def migrate(data: dict[str, Any], where: object) -> dict[str, Any]:
+    """``data`` (a whole ``config.json``: its ``config`` record and run options) brought to :data:`FORMAT`;
+    a copy, the input is not changed. ``where`` names the file in errors."""
+    version = data.get(KEY, 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise FormatError(f"{where}: {KEY} must be a whole number >= 1, got {version!r}")
+    if version > FORMAT:
+        raise FormatError(f"{where} was written by a newer fpsfl (config format {version}; this one reads "
+                          f"up to {FORMAT}): upgrade fpsfl to use it")
+    data = copy.deepcopy(data)
+    if version == 1 and isinstance(data.get("config"), dict):
+        _from_1(data["config"])
+    data[KEY] = FORMAT
+    return data
+
+
+def _from_1(record: dict[str, Any]) -> None:
+    """Format 1 -> 2, in place: the settings format 1 did not record get the values its runs used."""
+    for table, added in _ADDED_BY_TABLE.items():
+        values = record.get(table)
+        if isinstance(values, dict):
+            for key, value in added.items():
+                values.setdefault(key, value)
+    federate = record.get("federate")
+    if not isinstance(federate, dict):
+        return
+    resolved = record.get("algo") if isinstance(record.get("algo"), dict) else {}
+    args = federate.setdefault("algo_args", {})
+    if not isinstance(args, dict):  # left for the reader to refuse, naming the key
+        return
+    for key, before in _ALGO_BEFORE.get(federate.get("algo"), {}).items():
+        args.setdefault(key, resolved.get(key, before))
+        if resolved:
+            resolved[key] = args[key]

@@ -1,0 +1,118 @@
+"""config.json's format and its one migration (issue 39): a run written before a setting existed, or before
+its default changed, replays, resumes and is analysed as it ran; a newer format is refused in one line."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.runs import AnalysisError, load_run
+from federated.cli import main as federate
+from fpsfl.base.migrate import FORMAT, FormatError, migrate
+from pretrain.cli import main as pretrain
+from tests.test_robustness import FED, PRE, one_line_error
+
+
+def _record(run: Path) -> dict:
+    return json.loads((run / "config.json").read_text())
+
+
+def _as_format_1(run: Path, drop_federate=(), drop_algo=(), drop_pretrain=()) -> None:
+    """Rewrite a run's config.json as a run of format 1 would have left it: no format key, and the settings
+    that came later missing from its tables."""
+    data = _record(run)
+    data.pop("config_format")
+    for table, keys in (("federate", drop_federate), ("algo", drop_algo), ("pretrain", drop_pretrain)):
+        for key in keys:
+            del data["config"][table][key]
+    (run / "config.json").write_text(json.dumps(data))
+
+
+def v1_federate(algo: str, resolved: dict) -> dict:
+    return {"config": {"federate": {"algo": algo, "algo_args": {}, "rounds": 2}, "algo": resolved},
+            "code_version": "old"}
+
+
+def test_new_runs_record_the_format(tmp_path):
+    assert federate([*FED, "--rounds", "1", "--out", str(tmp_path / "r")]) == 0
+    assert _record(tmp_path / "r")["config_format"] == FORMAT
+
+
+@pytest.mark.parametrize(("resolved", "pinned"), [({"beta": 0.9}, False), ({"nesterov": False}, False),
+                                                  ({"nesterov": True}, True)])
+def test_format_1_fedavgm_replays_the_momentum_it_ran(resolved, pinned):
+    """Before issue 30 FedAvgM was heavy-ball (no nesterov setting, or nesterov False by default); a format-1
+    replay took today's default (Nesterov) since only --set was replayed."""
+    old = v1_federate("fedavgm", resolved)
+    new = migrate(old, "config.json")
+    assert new["config"]["federate"]["algo_args"] == {"nesterov": pinned}
+    assert new["config"]["algo"]["nesterov"] is pinned and new["config_format"] == FORMAT
+    assert old == v1_federate("fedavgm", resolved)  # the input is not changed
+
+
+def test_format_1_fills_settings_added_later_with_what_its_runs_had():
+    new = migrate(v1_federate("fedvc", {}), "config.json")["config"]
+    assert new["federate"]["algo_args"] == {"draw": "epoch"}  # FedVC drew every epoch before issue 30
+    assert {k: new["federate"][k] for k in ("amp", "balance", "deal", "noise_scale")} == {
+        "amp": False, "balance": "niid-bench", "deal": "balanced", "noise_scale": "std"}
+    pre = migrate({"config": {"pretrain": {"method": "simsiam"}}, "code_version": "old"}, "c")["config"]
+    assert pre["pretrain"]["init_scale"] == 1.0  # every run before issue 38 trained from the He init
+    kept = migrate({"config": {"federate": {"algo": "fedavg", "amp": True}}}, "c")["config"]["federate"]
+    assert kept["amp"] is True and kept["algo_args"] == {}  # what a record holds is never replaced
+
+
+def test_a_current_record_is_left_as_it_is(tmp_path):
+    assert federate([*FED, "--rounds", "1", "--algo", "fedavgm", "--out", str(tmp_path / "r")]) == 0
+    data = _record(tmp_path / "r")
+    assert migrate(copy.deepcopy(data), "c") == data
+
+
+@pytest.mark.parametrize("version", [FORMAT + 1, 0, "2", True])
+def test_a_format_it_cannot_read_is_one_line(version):
+    with pytest.raises(FormatError, match="config.json"):
+        migrate({"config_format": version, "config": {}}, "config.json")
+
+
+def test_format_1_run_replays_resumes_and_is_analysed_as_it_ran(tmp_path, capsys):
+    x, y = tmp_path / "x", tmp_path / "y"
+    assert federate([*FED, "--algo", "fedavgm", "--set", "nesterov=false", "--out", str(x)]) == 0
+    data = _record(x)  # then written as a format-1 run would be: no --set, the settings of later issues gone
+    data["config"]["federate"]["algo_args"] = {}
+    (x / "config.json").write_text(json.dumps(data))
+    _as_format_1(x, drop_federate=("amp", "balance", "deal", "noise_scale"))
+    assert federate(["--config", str(x / "config.json"), "--device", "cpu", "--quiet", "--out", str(y)]) == 0
+    assert _record(y)["config"]["algo"]["nesterov"] is False  # the heavy-ball run it was, not today's default
+    assert (json.loads((y / "metrics.jsonl").read_text().splitlines()[-1])["test_acc"]
+            == json.loads((x / "metrics.jsonl").read_text().splitlines()[-1])["test_acc"])
+    assert load_run(x).config.algo_config().nesterov is False
+    assert load_run(x).config.balance == "niid-bench"
+    argv = ["--config", str(x / "config.json"), "--rounds", "3", "--device", "cpu", "--quiet", "--out", str(x),
+            "--resume"]
+    err = one_line_error(capsys, federate, argv)  # 3 rounds differ from its 2: refused, naming the setting
+    assert "rounds" in err and "nesterov" not in err and "amp" not in err
+
+
+def test_a_newer_format_is_refused_by_every_reader(tmp_path, capsys):
+    x = tmp_path / "x"
+    assert federate([*FED, "--rounds", "1", "--out", str(x)]) == 0
+    data = _record(x)
+    data["config_format"] = FORMAT + 1
+    (x / "config.json").write_text(json.dumps(data))
+    err = one_line_error(capsys, federate, ["--config", str(x / "config.json"), "--out", str(tmp_path / "y")])
+    assert "newer fpsfl" in err
+    with pytest.raises(AnalysisError, match="newer fpsfl"):
+        load_run(x)
+
+
+def test_format_1_pretrain_run_replays_its_he_init(tmp_path):
+    x, y = tmp_path / "x.ckpt", tmp_path / "y.ckpt"
+    assert pretrain(["fps", *PRE, "--pairs-per-epoch", "16", "--method", "simsiam", "--init-scale", "1",
+                     "--out", str(x)]) == 0
+    _as_format_1(tmp_path / "x.run", drop_pretrain=("init_scale",))
+    assert pretrain(["--config", str(tmp_path / "x.run" / "config.json"), "--device", "cpu", "--quiet",
+                     "--out", str(y)]) == 0
+    saved = _record(tmp_path / "y.run")["config"]["pretrain"]
+    assert saved["init_scale"] == 1.0 and saved["method"] == "simsiam"
