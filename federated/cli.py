@@ -43,7 +43,7 @@ from pretrain.backbones import BackboneError, check_backbone
 
 from . import flower, runner
 from .datasets import DATASETS, DataError
-from .experiment import FederateConfig, RunOptions
+from .experiment import FederateConfig, RunOptions, merge
 from .flags import add_partition_flags, partition_settings_classes
 from .flower import FlowerError
 from .initialisation import InitError, init_sha256
@@ -93,12 +93,11 @@ def config_from(args: argparse.Namespace) -> FederateConfig:
     """The FederateConfig of parsed flags over the --config file's values: every field and partition
     setting that was given. The file's algorithm settings are dropped when a flag picks another --algo."""
     file = file_settings(args)
-    values = {**file.federate, **settings_from(args, FederateConfig)}
+    flags = settings_from(args, FederateConfig)
     for settings in partition_settings_classes():
-        values.update(settings_from(args, settings))
-    algo = file.algo if values.get("algo") == file.federate.get("algo", values.get("algo")) else {}
-    tracking = TrackConfig(**{**file.tracking, **settings_from(args, TrackConfig)})
-    return FederateConfig(**values, algo_args={**algo, **parse_settings(args.set)}, tracking=tracking)
+        flags.update(settings_from(args, settings))
+    flags.update(algo_args=parse_settings(args.set), tracking=settings_from(args, TrackConfig))
+    return merge({**file.federate, "algo_args": file.algo, "tracking": file.tracking}, flags)
 
 
 def check_replayed_init(args: argparse.Namespace, init: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,7 @@ class FederateConfig:
         tracking = dict(values.pop("tracking", {}))
         tracking["track"] = tuple(tracking.get("track", ()))
         values["save_local_models"] = tuple(values.get("save_local_models", ()))
-        return cls(**values, tracking=TrackConfig(**tracking))
+        return merge({**values, "tracking": tracking})
 
     def to_dict(self) -> dict[str, Any]:
         """The fully resolved config (preset lr, batch and optimiser), partition settings flat."""
@@ -210,6 +211,27 @@ class FederateConfig:
         record.pop("partition_args")
         return {**record, **self.partition_args, "lr": self.resolved_lr(),
                 "batch_size": self.resolved_batch(), "optimizer": self.resolved_optimizer()}
+
+
+def merge(*layers: Mapping[str, Any]) -> FederateConfig:
+    """The one way settings become a :class:`FederateConfig` (issue 39). Every entry point gives its values,
+    typed by its own reader, as layers, later ones winning: ``federate`` its --config file's then its flags,
+    a Flower run config, a run's ``config.json`` record, self-pre-training its flags. A layer holds fields
+    and partition settings by name, and two groups merged key by key: ``tracking`` (TrackConfig's fields)
+    and ``algo_args`` (the algorithm's settings), which are dropped when a later layer picks another
+    ``algo`` than the one the layer names (a file's FedProx mu does not reach a run told --algo scaffold)."""
+    final = next((layer["algo"] for layer in reversed(layers) if layer.get("algo") is not None), None)
+    values: dict[str, Any] = {}
+    algo_args: dict[str, Any] = {}
+    tracking: dict[str, Any] = {}
+    for layer in layers:
+        layer = dict(layer)
+        own = layer.pop("algo_args", None) or {}
+        tracking.update(layer.pop("tracking", None) or {})
+        if layer.get("algo") in (None, final):
+            algo_args.update(own)
+        values.update(layer)
+    return FederateConfig(**values, algo_args=algo_args, tracking=TrackConfig(**tracking))
 
 
 @dataclass(frozen=True)

@@ -89,8 +89,8 @@ def test_format_1_run_replays_resumes_and_is_analysed_as_it_ran(tmp_path, capsys
             == json.loads((x / "metrics.jsonl").read_text().splitlines()[-1])["test_acc"])
     assert load_run(x).config.algo_config().nesterov is False
     assert load_run(x).config.balance == "niid-bench"
-    argv = ["--config", str(x / "config.json"), "--rounds", "3", "--device", "cpu", "--quiet", "--out", str(x),
-            "--resume"]
+    argv = ["--config", str(x / "config.json"), "--rounds", "3", "--device", "cpu", "--quiet",
+            "--out", str(x), "--resume"]
     err = one_line_error(capsys, federate, argv)  # 3 rounds differ from its 2: refused, naming the setting
     assert "rounds" in err and "nesterov" not in err and "amp" not in err
 
@@ -116,3 +116,44 @@ def test_format_1_pretrain_run_replays_its_he_init(tmp_path):
                      "--out", str(y)]) == 0
     saved = _record(tmp_path / "y.run")["config"]["pretrain"]
     assert saved["init_scale"] == 1.0 and saved["method"] == "simsiam"
+
+
+def test_merge_layers_later_win_and_groups_merge_key_by_key():
+    from federated.experiment import merge
+
+    file = {"algo": "fedprox", "algo_args": {"mu": 0.2}, "rounds": 7, "tracking": {"every": 3}, "alpha": 1.0}
+    assert merge(file, {"rounds": 2}).algo_config().mu == 0.2  # the file's FedProx mu, its algo kept
+    cfg = merge(file, {"rounds": 2, "tracking": {"data": "test"}})
+    assert (cfg.rounds, cfg.alpha, cfg.tracking.every, cfg.tracking.data) == (2, 1.0, 3, "test")
+    other = merge(file, {"algo": "scaffold"})
+    assert other.algo == "scaffold" and other.algo_args == {}  # another algo: the file's mu is not its
+    assert merge(file, {"algo_args": {"mu": 0.5}}).algo_args == {"mu": 0.5}
+
+
+@pytest.mark.parametrize("entry", ["federate", "self-pretrain", "flower", "record"])
+def test_every_entry_point_builds_its_config_through_merge(entry, monkeypatch):
+    """One door (issue 39): each way settings come in reaches FederateConfig through experiment.merge."""
+    import federated.cli
+    import federated.experiment
+    import federated.flower.run_config
+    import federated.selfsup.cli
+
+    calls = []
+    real = federated.experiment.merge
+
+    def spy(*layers):
+        calls.append(layers)
+        return real(*layers)
+
+    for module in (federated.cli, federated.experiment, federated.flower.run_config, federated.selfsup.cli):
+        monkeypatch.setattr(module, "merge", spy)
+    if entry == "federate":
+        federated.cli.options_from(federated.cli.build_parser().parse_args(["--rounds", "3"]))
+    elif entry == "self-pretrain":
+        args = federated.selfsup.cli.build_parser().parse_args(["--rounds", "3"])
+        federated.selfsup.cli.configs_from(args)
+    elif entry == "flower":
+        federated.flower.run_config.options_from_run_config({"num-server-rounds": 3})
+    else:
+        federated.experiment.FederateConfig.from_dict({"rounds": 3})
+    assert len(calls) == 1 and any(layer.get("rounds") == 3 for layer in calls[0])

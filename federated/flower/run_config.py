@@ -17,7 +17,7 @@ from typing import Any
 
 from fpsfl.base.settings import coerce, field_types
 
-from ..experiment import FederateConfig, RunOptions
+from ..experiment import FederateConfig, RunOptions, merge
 from ..partitions import setting_fields
 
 ALIASES = {"num-server-rounds": "rounds"}  # Flower's name for the round count
@@ -54,7 +54,7 @@ def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig,
         else:
             raise ValueError(f"run config: unknown key {key!r} (keys are federate's settings in kebab case, "
                              f"num-server-rounds, set, {', '.join(RUN_KEYS)})")
-    cfg = FederateConfig(**values, algo_args=algo_args)
+    cfg = merge({**values, "algo_args": algo_args})
     if run.get("out") is None:
         run["out"] = Path(f"runs/{cfg.dataset}-{cfg.partition}-{cfg.algo}-s{cfg.seed}-flower")
     opts = RunOptions(**run, engine="flower", progress=False, log_rounds=True)

@@ -32,7 +32,7 @@ from fpsfl.base.cli import (
 from pretrain.backbones import check_backbone
 
 from ..datasets import DATASETS
-from ..experiment import FederateConfig
+from ..experiment import FederateConfig, merge
 from ..flags import add_partition_flags, partition_settings_classes
 from . import FED_SSL
 from .config import DATA_FIELDS, SelfPretrainConfig, SelfPretrainOptions
@@ -47,7 +47,7 @@ def configs_from(args: argparse.Namespace) -> tuple[FederateConfig, SelfPretrain
     values.pop("algo", None)  # --algo names the self-supervised method (SelfPretrainConfig), not federate's
     for settings in partition_settings_classes():
         values.update(settings_from(args, settings))
-    fed = FederateConfig(**values)
+    fed = merge(values)
     sp = SelfPretrainConfig(**settings_from(args, SelfPretrainConfig), algo_args=parse_settings(args.set))
     sp.method_config(fed.preset())  # unknown or out-of-range --set values fail before anything is written
     check_backbone(fed.arch, fed.width, fed.input_size or DATASETS[fed.dataset].input_size)
