@@ -55,6 +55,17 @@ def _label_ids(values: list[str]) -> tuple[list[int], list[str]]:
 INAT_JSONS = ("train2017.json", "val2017.json")  # iNaturalist-2017's annotation files: image ids -> files
 
 
+def _under(root: str, value: str, where: str) -> str:
+    """``root/value``, refused (one line) when ``value`` would leave root, absolute or climbing with ``..``:
+    a split or annotation file names images of the dataset, never any file the user can read. Links under
+    root are followed as the folder walk follows them."""
+    path, top = os.path.abspath(os.path.join(root, value)), os.path.abspath(root)
+    if os.path.isabs(value) or os.path.commonpath([top, path]) != top:
+        raise DataError(f"inat-geo: {where} names the image {value!r}, outside --data-root {root!r}; image "
+                        f"paths are relative to the dataset's folder")
+    return os.path.join(root, value)
+
+
 def _json_index(root: str) -> dict[str, str]:
     """image id and file stem -> file, from iNaturalist-2017's annotation files in ``root`` (COCO-style
     ``images`` lists of ``id`` and ``file_name``); empty when there are none."""
@@ -67,16 +78,18 @@ def _json_index(root: str) -> dict[str, str]:
             with open(path) as f:
                 images = json.load(f)["images"]
             for image in images:
-                file = os.path.join(root, image["file_name"])
+                file = _under(root, image["file_name"], repr(path))
                 index.setdefault(str(image["id"]), file)
                 index.setdefault(os.path.splitext(os.path.basename(image["file_name"]))[0], file)
+        except DataError:
+            raise
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DataError(f"inat-geo: {path!r} is not an iNaturalist annotation file with an 'images' list "
                             f"of id and file_name ({type(e).__name__}: {e})") from e
     return index
 
 
-def _image_finder(root: str) -> Callable[[str], str | None]:
+def _image_finder(root: str, where: str) -> Callable[[str], str | None]:
     """value -> file: ``root/value`` if it is a file, else the file train2017.json / val2017.json give that
     image id or stem, else the image under root whose name stem is the value's (iNat-2017 image ids are
     file stems); the indexes are built on first use."""
@@ -85,7 +98,7 @@ def _image_finder(root: str) -> Callable[[str], str | None]:
 
     def find(value: str) -> str | None:
         nonlocal listed
-        path = os.path.join(root, value)
+        path = _under(root, value, where)
         if os.path.isfile(path):
             return path
         if listed is None:
@@ -190,7 +203,7 @@ def read_inat_geo(root: str, split_csv: str | None, size: int, workers: int | No
     root = os.path.expanduser(root)
     _require_dir(root, "inat-geo image root (--data-root)")
     clients, images, labels, classes, test = _read_split(split_csv, test_csv)
-    find = _image_finder(root)
+    find = _image_finder(root, "a split CSV (--split-csv / --test-csv)")
     paths = [find(v) for v in images]
     source = [test_csv if test_csv and t else split_csv for t in test]  # the CSV each row comes from
     missing = [i for i, p in enumerate(paths) if p is None]

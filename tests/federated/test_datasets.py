@@ -287,6 +287,21 @@ def test_inat_geo_paths_and_split_column(tmp_path):
     assert data.train_y.tolist() == [owner[k][1] for k in _identify(data.train_x)]
 
 
+@pytest.mark.parametrize("escape", ["../outside.png", "ABSOLUTE"])
+def test_inat_geo_refuses_image_paths_outside_the_data_root(tmp_path, escape):
+    """A split CSV names images of the dataset: a path that leaves --data-root (issue 42) is one line, not
+    a read of whatever file it points at, even when that file exists and is an image."""
+    _, owner = _write_inat(tmp_path)
+    outside = tmp_path / "outside.png"
+    save(outside, solid(0, (12, 9)))
+    value = str(outside) if escape == "ABSOLUTE" else escape
+    rows = [[c, value if k == 0 else rel, y] for k, (c, y, rel) in owner.items()]
+    with open(tmp_path / "escape.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["client", "image_path", "label"]] + rows)
+    with pytest.raises(DataError, match="outside --data-root"):
+        _inat(tmp_path, str(tmp_path / "escape.csv"))
+
+
 # ---- imagefolder, digits, validation ----------------------------------------------------------------------
 
 
