@@ -64,6 +64,14 @@ def test_format_1_fills_settings_added_later_with_what_its_runs_had():
     assert kept["amp"] is True and kept["algo_args"] == {}  # what a record holds is never replaced
 
 
+def test_format_1_self_pretraining_gains_only_what_its_record_holds():
+    """Self-pre-training's federate table holds the data, partition and model settings: a migration that
+    added federate's training settings (amp, algo_args) to it would refuse the --resume of every older run."""
+    old = {"config": {"self_pretrain": {"algo": "orchestra"}, "federate": {"dataset": "digits"}}}
+    assert migrate(old, "c")["config"]["federate"] == {
+        "dataset": "digits", "balance": "niid-bench", "deal": "balanced", "noise_scale": "std"}
+
+
 def test_a_current_record_is_left_as_it_is(tmp_path):
     assert federate([*FED, "--rounds", "1", "--algo", "fedavgm", "--out", str(tmp_path / "r")]) == 0
     data = _record(tmp_path / "r")

@@ -15,14 +15,17 @@ from typing import Any
 FORMAT = 2  # the config.json format this code writes
 KEY = "config_format"
 
-# Settings that format 1 records may lack (they came later), with the value the runs without them had:
-# amp (bf16 autocast) came with issue 26, before it every run was float32; the partitions' balance (issue 41),
-# deal and noise_scale (issue 30) were added with the behaviour of the code before them as their default;
+# Settings that format 1 records may lack (they came later), with the value the runs without them had: the
+# partitions' balance (issue 41), deal and noise_scale (issue 30) were added with the behaviour of the code
+# before them as their default, and every federate table records them (self-pre-training's too);
 # pretrain's init_scale (issue 38) came after every run had trained from the He init unscaled.
 _ADDED_BY_TABLE = {
-    "federate": {"amp": False, "balance": "niid-bench", "deal": "balanced", "noise_scale": "std"},
+    "federate": {"balance": "niid-bench", "deal": "balanced", "noise_scale": "std"},
     "pretrain": {"init_scale": 1.0},
 }
+# federate's own runs (not self-pre-training, whose federate table holds only the data, partition and model
+# settings): amp (bf16 autocast) came with issue 26, before it every run was float32.
+_ADDED_TO_FEDERATE_RUNS = {"amp": False}
 # Algorithm settings whose default changed (issue 30: FedAvgM's Nesterov form, FedVC's draw once a round),
 # with the behaviour before. A format-1 replay rebuilt them from today's defaults (only --set was replayed),
 # so the value the run used (its resolved ``algo`` table's, else the old behaviour) is pinned into its --set.
@@ -57,8 +60,10 @@ def _from_1(record: dict[str, Any]) -> None:
             for key, value in added.items():
                 values.setdefault(key, value)
     federate = record.get("federate")
-    if not isinstance(federate, dict):
+    if not isinstance(federate, dict) or "self_pretrain" in record:
         return
+    for key, value in _ADDED_TO_FEDERATE_RUNS.items():
+        federate.setdefault(key, value)
     resolved = record.get("algo") if isinstance(record.get("algo"), dict) else {}
     args = federate.setdefault("algo_args", {})
     if not isinstance(args, dict):  # left for the reader to refuse, naming the key
