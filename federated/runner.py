@@ -177,7 +177,6 @@ class _Supervised:
 
 def _check_settings(rundir: RunDir, config: dict, cfg: FederateConfig) -> None:
     """Refuse a --resume with other federate or algorithm settings than the saved run's."""
-    # a run from before --amp trained in float32
     check_resume(rundir, config, ("federate", "algo"), cfg.init)
 
 
