@@ -165,3 +165,9 @@ def test_every_entry_point_builds_its_config_through_merge(entry, monkeypatch):
     else:
         federated.experiment.FederateConfig.from_dict({"rounds": 3})
     assert len(calls) == 1 and any(layer.get("rounds") == 3 for layer in calls[0])
+
+
+def test_every_older_format_has_its_step():
+    from fpsfl.base.migrate import STEPS
+
+    assert sorted(STEPS) == list(range(1, FORMAT))  # raising FORMAT without a step would skip a migration

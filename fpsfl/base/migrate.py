@@ -46,8 +46,9 @@ def migrate(data: dict[str, Any], where: object) -> dict[str, Any]:
         raise FormatError(f"{where} was written by a newer fpsfl (config format {version}; this one reads "
                           f"up to {FORMAT}): upgrade fpsfl to use it")
     data = copy.deepcopy(data)
-    if version == 1 and isinstance(data.get("config"), dict):
-        _from_1(data["config"])
+    if isinstance(data.get("config"), dict):
+        for step in range(version, FORMAT):  # format N -> N + 1, in turn
+            STEPS[step](data["config"])
     data[KEY] = FORMAT
     return data
 
@@ -72,3 +73,6 @@ def _from_1(record: dict[str, Any]) -> None:
         args.setdefault(key, resolved.get(key, before))
         if resolved:
             resolved[key] = args[key]
+
+
+STEPS = {1: _from_1}  # format N -> N + 1: raising FORMAT means adding its step here
