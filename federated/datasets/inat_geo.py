@@ -89,7 +89,8 @@ def _json_index(root: str) -> dict[str, str]:
     return index
 
 
-def _image_finder(root: str, where: str) -> Callable[[str], str | None]:
+def _image_finder(root: str, where: str = "a split CSV (--split-csv / --test-csv)",
+                  ) -> Callable[[str], str | None]:
     """value -> file: ``root/value`` if it is a file, else the file train2017.json / val2017.json give that
     image id or stem, else the image under root whose name stem is the value's (iNat-2017 image ids are
     file stems); the indexes are built on first use."""
@@ -203,7 +204,7 @@ def read_inat_geo(root: str, split_csv: str | None, size: int, workers: int | No
     root = os.path.expanduser(root)
     _require_dir(root, "inat-geo image root (--data-root)")
     clients, images, labels, classes, test = _read_split(split_csv, test_csv)
-    find = _image_finder(root, "a split CSV (--split-csv / --test-csv)")
+    find = _image_finder(root)
     paths = [find(v) for v in images]
     source = [test_csv if test_csv and t else split_csv for t in test]  # the CSV each row comes from
     missing = [i for i, p in enumerate(paths) if p is None]
