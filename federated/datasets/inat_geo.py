@@ -89,8 +89,7 @@ def _json_index(root: str) -> dict[str, str]:
     return index
 
 
-def _image_finder(root: str, where: str = "a split CSV (--split-csv / --test-csv)",
-                  ) -> Callable[[str], str | None]:
+def _image_finder(root: str) -> Callable[[str], str | None]:
     """value -> file: ``root/value`` if it is a file, else the file train2017.json / val2017.json give that
     image id or stem, else the image under root whose name stem is the value's (iNat-2017 image ids are
     file stems); the indexes are built on first use."""
@@ -99,7 +98,7 @@ def _image_finder(root: str, where: str = "a split CSV (--split-csv / --test-csv
 
     def find(value: str) -> str | None:
         nonlocal listed
-        path = _under(root, value, where)
+        path = _under(root, value, "a split CSV (--split-csv / --test-csv)")
         if os.path.isfile(path):
             return path
         if listed is None:

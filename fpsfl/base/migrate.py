@@ -13,7 +13,7 @@ import copy
 from typing import Any
 
 FORMAT = 2  # the config.json format this code writes
-KEY = "config_format"
+FORMAT_KEY = "config_format"  # the field of config.json that names its format
 
 # Settings that format 1 records may lack (they came later), with the value the runs without them had: the
 # partitions' balance (issue 41), deal and noise_scale (issue 30) were added with the behaviour of the code
@@ -39,9 +39,9 @@ class FormatError(ValueError):
 def migrate(data: dict[str, Any], where: object) -> dict[str, Any]:
     """``data`` (a whole ``config.json``: its ``config`` record and run options) brought to :data:`FORMAT`;
     a copy, the input is not changed. ``where`` names the file in errors."""
-    version = data.get(KEY, 1)
+    version = data.get(FORMAT_KEY, 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise FormatError(f"{where}: {KEY} must be a whole number >= 1, got {version!r}")
+        raise FormatError(f"{where}: {FORMAT_KEY} must be a whole number >= 1, got {version!r}")
     if version > FORMAT:
         raise FormatError(f"{where} was written by a newer fpsfl (config format {version}; this one reads "
                           f"up to {FORMAT}): upgrade fpsfl to use it")
@@ -49,7 +49,7 @@ def migrate(data: dict[str, Any], where: object) -> dict[str, Any]:
     if isinstance(data.get("config"), dict):
         for step in range(version, FORMAT):  # format N -> N + 1, in turn
             STEPS[step](data["config"])
-    data[KEY] = FORMAT
+    data[FORMAT_KEY] = FORMAT
     return data
 
 

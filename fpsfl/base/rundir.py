@@ -49,7 +49,7 @@ from .files import (
     lock_file,
     unlock_file,
 )
-from .migrate import FORMAT, migrate
+from .migrate import FORMAT, FORMAT_KEY, migrate
 from .settings import setting
 from .tensorboard import ScalarWriter, check_log_dir, run_log_dir
 
@@ -246,7 +246,7 @@ class RunDir:
         self.ensure_new()
         self.path.mkdir(parents=True, exist_ok=True)
         options = asdict(opts) if is_dataclass(opts) else dict(opts)
-        record = {"config_format": FORMAT, "config": plain(config), "run": plain({k: str(v) for k, v in
+        record = {FORMAT_KEY: FORMAT, "config": plain(config), "run": plain({k: str(v) for k, v in
                   options.items()}), "code_version": code_version(), "torch": torch.__version__,
                   "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self._write_text(self.config_path, json.dumps(record, indent=2) + "\n")
