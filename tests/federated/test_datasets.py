@@ -27,6 +27,7 @@ from recipes.smoke_data import (
     save,
     solid,
     write_cifar,
+    write_cityscapes,
     write_imagefolder,
     write_inat,
     write_tiny,
@@ -338,6 +339,20 @@ def test_one_odd_image_does_not_set_the_side_of_every_image(tmp_path, capsys):
     assert err.count("\n") == 1 and "1 of 5 training images have a shorter side other than 32 px" in err
     load_dataset(DataConfig("imagefolder", root=str(tmp_path), val_fraction=0, store_size=16))
     assert capsys.readouterr().err == ""  # a side the user set: nothing to warn about
+
+
+def test_one_odd_cityscapes_image_is_named_and_does_not_set_the_width(tmp_path):
+    """The stored width is Cityscapes' 2:1, not the first file's: an odd FIRST image is the one refused."""
+    from PIL import Image
+
+    write_cityscapes(tmp_path)
+    first = sorted((tmp_path / "leftImg8bit" / "train").rglob("*_leftImg8bit.png"))[0]
+    Image.new("RGB", (64, 64)).save(first)
+    label = str(first).replace("leftImg8bit", "gtFine", 1).replace("_leftImg8bit.png", "_gtFine_labelIds.png")
+    Image.new("L", (64, 64)).save(label)
+    refusal = rf"{first.name}' is 64x64 px .*2:1 \(2048x1024\), stored here at 64x32"
+    with pytest.raises(DataError, match=refusal):
+        load_dataset(DataConfig("cityscapes", root=str(tmp_path), store_size=32))
 
 
 def test_digits_shape_range_and_fixed_test_set():
