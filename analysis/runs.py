@@ -91,15 +91,19 @@ def load_run(path: str | Path) -> Run:
     if not config_path.is_file() or not metrics_path.is_file():
         raise AnalysisError(f"{path} is not a federate run directory (no config.json / metrics.jsonl); "
                             f"make one with federate --out {path}")
-    _not_federate(path)
-    try:
-        record = migrate(json.loads(config_path.read_text()), config_path)["config"]
-        config = FederateConfig.from_dict(record["federate"])
+    try:  # config.json is read (and migrated) once
+        saved = migrate(json.loads(config_path.read_text()), config_path)
     except FormatError as exc:
         raise AnalysisError(str(exc)) from None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise AnalysisError(f"{config_path}: unreadable ({exc}); re-run federate into a new "
-                            f"directory") from None
+    except (AttributeError, TypeError, ValueError) as exc:  # not a JSON object, or one of another shape
+        raise _unreadable(config_path, exc) from None
+    record = saved.get("config")
+    if isinstance(record, dict):
+        _not_federate(path, record, saved.get("run"))
+    try:
+        config = FederateConfig.from_dict(record["federate"])
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise _unreadable(config_path, exc) from None
     rounds = _final_rounds(path)  # final.pt first: a broken one is named before the state that vouches
     metrics = read_metrics(path, "federate", "round")  # a torn last line (a crashed run) is left out
     if not metrics:
@@ -124,15 +128,18 @@ def _saved(path: Path) -> tuple[dict, dict] | None:
     return record, run if isinstance(run, dict) else {}
 
 
-def _not_federate(path: Path) -> None:
+def _unreadable(config_path: Path, exc: Exception) -> AnalysisError:
+    return AnalysisError(f"{config_path}: unreadable ({exc}); re-run federate into a new directory")
+
+
+def _not_federate(path: Path, record: dict, run: Any) -> None:
     """Refuse, saying what it is, a run directory of another command: federated self-pre-training (which
     ``FederateConfig.from_dict`` would read as a federate run of the default 100 rounds, none done) or
-    pretrain. An unreadable config.json is left to the caller."""
-    saved = _saved(path)
-    command = _kind(saved[0])[0] if saved is not None else "federate"
+    pretrain. ``record``, ``run``: its config.json's ``config`` and ``run``."""
+    command = _kind(record)[0]
     if command == "federate":
         return
-    run = saved[1]
+    run = run if isinstance(run, dict) else {}
     ckpt = str(run.get("out", "its --out"))
     there = Path(ckpt).is_file()
     probe = f" (analyze probe {ckpt} probes the checkpoint itself)" if there else ""

@@ -274,3 +274,13 @@ def test_the_suggested_resume_command_finishes_the_run(tmp_path, capsys):
     command = re.search(r"finish it with federate (.*?), or leave it out", err).group(1)
     assert federate([*command.split(), "--quiet"]) == 0, capsys.readouterr().err
     assert analyze(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+
+
+@pytest.mark.parametrize("text", ['[1]', '"config"', '{"config": [1]}', '{"config": {"federate": 3}}'])
+def test_a_config_json_of_another_shape_is_one_line(tmp_path, capsys, text):
+    """Read once, migrated once: JSON that is not a run's record is named, not a traceback."""
+    (tmp_path / "config.json").write_text(text)
+    (tmp_path / "metrics.jsonl").write_text("")
+    err = _one_line(capsys, ["report", tmp_path, "--out", tmp_path / "rep"])
+    assert f"{tmp_path / 'config.json'}: unreadable (" in err
+    assert "re-run federate into a new directory" in err
