@@ -26,7 +26,7 @@ from federated.experiment import FederateConfig
 from federated.setup import Setup, setup
 from fpsfl.base.checkpoint import load_weights_only
 from fpsfl.base.device import resolve_device
-from fpsfl.base.migrate import FormatError, migrate
+from fpsfl.base.migrate import FormatError, read
 from fpsfl.base.rundir import STATE, digest_matches, jsonl_lines, missing_steps, recorded_digest, step_ranges
 
 
@@ -92,10 +92,10 @@ def load_run(path: str | Path) -> Run:
         raise AnalysisError(f"{path} is not a federate run directory (no config.json / metrics.jsonl); "
                             f"make one with federate --out {path}")
     try:  # config.json is read (and migrated) once
-        saved = migrate(json.loads(config_path.read_text()), config_path)
+        saved = read(config_path)
     except FormatError as exc:
         raise AnalysisError(str(exc)) from None
-    except (AttributeError, TypeError, ValueError) as exc:  # not a JSON object, or one of another shape
+    except (TypeError, ValueError) as exc:  # not JSON, or not a JSON object
         raise _unreadable(config_path, exc) from None
     record = saved.get("config")
     if isinstance(record, dict):
@@ -119,7 +119,7 @@ def _saved(path: Path) -> tuple[dict, dict] | None:
     """(the ``config`` record, the ``run`` options) of a run directory's config.json; None when unreadable
     (left to the caller to report)."""
     try:
-        saved = migrate(json.loads((path / "config.json").read_text()), path / "config.json")
+        saved = read(path / "config.json")
         record, run = saved["config"], saved.get("run")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -171,3 +171,15 @@ def test_every_older_format_has_its_step():
     from fpsfl.base.migrate import STEPS
 
     assert sorted(STEPS) == list(range(1, FORMAT))  # raising FORMAT without a step would skip a migration
+
+
+def test_a_config_json_that_is_not_an_object_is_one_line_for_every_reader(tmp_path, capsys):
+    """migrate refuses a JSON value that is not an object as every reader's unreadable file (--resume's
+    comparison gave an AttributeError traceback once migrate stood in front of it)."""
+    x = tmp_path / "x"
+    assert federate([*FED, "--rounds", "1", "--out", str(x)]) == 0
+    (x / "config.json").write_text("[1]")
+    err = one_line_error(capsys, federate, [*FED, "--out", str(x), "--resume"])
+    assert "config.json is missing or unreadable (expected a JSON object, got list)" in err
+    with pytest.raises(AnalysisError, match=r"config.json: unreadable \(expected a JSON object, got list\)"):
+        load_run(x)

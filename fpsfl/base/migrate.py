@@ -10,6 +10,8 @@ not record, and the value every run of that format used.
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 FORMAT = 2  # the config.json format this code writes
@@ -38,7 +40,10 @@ class FormatError(ValueError):
 
 def migrate(data: dict[str, Any], where: object) -> dict[str, Any]:
     """``data`` (a whole ``config.json``: its ``config`` record and run options) brought to :data:`FORMAT`;
-    a copy, the input is not changed. ``where`` names the file in errors."""
+    a copy, the input is not changed. ``where`` names the file in errors. Data that is not a JSON object is a
+    TypeError, which every reader words as an unreadable file."""
+    if not isinstance(data, dict):
+        raise TypeError(f"expected a JSON object, got {type(data).__name__}")
     version = data.get(FORMAT_KEY, 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise FormatError(f"{where}: {FORMAT_KEY} must be a whole number >= 1, got {version!r}")
@@ -51,6 +56,13 @@ def migrate(data: dict[str, Any], where: object) -> dict[str, Any]:
             STEPS[step](data["config"])
     data[FORMAT_KEY] = FORMAT
     return data
+
+
+def read(path: Path) -> dict[str, Any]:
+    """The run directory's ``config.json`` at ``path``, read and brought to :data:`FORMAT`. Errors reach the
+    caller, which words them: OSError (reading), ValueError (not JSON; FormatError), TypeError (not an
+    object)."""
+    return migrate(json.loads(Path(path).read_text()), path)
 
 
 def _from_1(record: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ from .files import (
     lock_file,
     unlock_file,
 )
-from .migrate import FORMAT, FORMAT_KEY, migrate
+from .migrate import FORMAT, FORMAT_KEY, read
 from .settings import setting
 from .tensorboard import ScalarWriter, check_log_dir, run_log_dir
 
@@ -255,7 +255,7 @@ class RunDir:
 
     def saved_config(self) -> dict:
         try:
-            return migrate(json.loads(self.config_path.read_text()), self.config_path)["config"]
+            return read(self.config_path)["config"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise RunDirError(f"--resume: {self.config_path} is missing or unreadable ({exc}); "
                               f"start a new run") from None
