@@ -68,10 +68,11 @@ def init_label(init: str) -> str:
 
 
 def _flat(cfg: Any) -> dict[str, Any]:
-    """A config's settings by name, the partition settings among them (FederateConfig keeps those apart)."""
+    """A config's settings by name, the partitions' and datasets' among them (FederateConfig keeps those
+    apart)."""
     values = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}  # not the cached partition
-    partition = values.pop("partition_args", {})
-    return {**values, **partition}
+    partition, data = values.pop("partition_args", {}), values.pop("data_args", {})
+    return {**values, **partition, **data}
 
 
 def _moot(partition: str) -> set[str]:

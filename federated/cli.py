@@ -44,7 +44,7 @@ from pretrain.backbones import BackboneError, check_backbone
 from . import flower, runner
 from .datasets import DATASETS, DataError
 from .experiment import FederateConfig, RunOptions, merge
-from .flags import add_partition_flags, partition_settings_classes
+from .flags import add_plugin_flags, plugin_settings_classes
 from .flower import FlowerError
 from .initialisation import InitError, init_sha256
 from .local import DivergenceError
@@ -81,7 +81,7 @@ def file_settings(args: argparse.Namespace) -> FileSettings:
         return FileSettings({}, {}, {}, {})
     tables = read_sections(path, ("federate", "algo", "run"), recorded=("algo", "init_sha256", "engine"))
     where = f"--config {path}"
-    fed = typed([FederateConfig, *partition_settings_classes()], tables.get("federate", {}),
+    fed = typed([FederateConfig, *plugin_settings_classes()], tables.get("federate", {}),
                 f"{where}: [federate]", skip=("tracking", "algo_args"))
     fed.pop("partition_args", None)  # the partition settings are flat beside it
     tracking = typed(TrackConfig, fed.pop("tracking", {}), f"{where}: [federate.tracking]")
@@ -94,7 +94,7 @@ def config_from(args: argparse.Namespace) -> FederateConfig:
     setting that was given. The file's algorithm settings are dropped when a flag picks another --algo."""
     file = file_settings(args)
     flags = settings_from(args, FederateConfig)
-    for settings in partition_settings_classes():
+    for settings in plugin_settings_classes():
         flags.update(settings_from(args, settings))
     flags.update(algo_args=parse_settings(args.set), tracking=settings_from(args, TrackConfig))
     return merge({**file.federate, "algo_args": file.algo, "tracking": file.tracking}, flags)
@@ -171,7 +171,7 @@ def build_export_parser() -> argparse.ArgumentParser:
     data_fields = tuple(f.name for f in dataclasses.fields(FederateConfig)
                         if f.metadata.get("group") in ("data", "partition")) + ("seed",)
     add_settings(p, FederateConfig, only=tuple(n for n in data_fields if n != "input_size"))
-    add_partition_flags(p)
+    add_plugin_flags(p)
     p.add_argument("--out", type=nonempty(Path), required=True, metavar="DIR",
                    help="directory for the shards and the manifest (created; one that holds a manifest is "
                         "refused)")
@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "flags with underscores) or a run's config.json, which replays that run; flags given "
                         "beside it win (docs/federated.md: config files)")
     add_settings(p, FederateConfig, groups=groups)
-    add_partition_flags(p, groups)
+    add_plugin_flags(p, groups)
     add_set_flag(groups["federated training"], "an algorithm setting, e.g. --set mu=0.1 (repeatable; see "
                                                "docs/federated.md)")
     add_settings(p, TrackConfig, groups=groups)

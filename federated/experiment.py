@@ -7,8 +7,9 @@ its default partition and architecture.
 
 Every field carries its help, unit, source and range (:func:`fpsfl.base.settings.setting`): ``federate``'s
 flags are generated from them. The partitions' own settings (``--alpha``, ``--labels-per-client``, ...) are
-declared in each partition's file; :class:`FederateConfig` takes any registered partition's settings as
-keyword arguments, keeps them in ``partition_args`` and writes them flat in ``config.json``, as before.
+declared in each partition's file, and the datasets' (``--split-csv``, ``--crop-size``) in each dataset's;
+:class:`FederateConfig` takes any registered partition's or dataset's settings as keyword arguments, keeps
+them in ``partition_args`` and ``data_args`` and writes them flat in ``config.json``, as before.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from fpsfl.base.rundir import RunFlags
 from fpsfl.base.settings import check, init_fields, override, setting
 
 from .algorithms import ALGORITHMS, AlgoConfig
-from .datasets import DATASETS, DataError, Preset
+from .datasets import DATASETS, DataConfig, DataError, Preset, own_settings
+from .datasets import setting_fields as dataset_settings
 from .oracle.tracking import TrackConfig
 from .partitions import PARTITIONS, PartitionConfig, PartitionError, default_min_size, setting_fields
 
@@ -43,11 +45,6 @@ class FederateConfig:
     data_root: str | None = setting(None, "folder holding the dataset (docs/federated.md: datasets)",
                                     group="data")
     download: bool = setting(False, "let torchvision download CIFAR (needs a network)", group="data")
-    split_csv: str | None = setting(None, "inat-geo: the GEO-10K/GEO-3K client split CSV (Hsu et al.'s "
-                                          "federated_train_geo_*.csv)", group="data")
-    test_csv: str | None = setting(None, "inat-geo: the test split CSV (Hsu et al.'s test.csv, image_id and "
-                                         "class), the global test set of Table 4", group="data",
-                                   default_text="none: 10% of each client's images are held out")
     decode: str = setting("auto", "folder images held in memory or decoded from their files batch by batch "
                                   "by DataLoader workers: auto (stream when they would take over half the "
                                   "available memory, and inat-geo always) | memory | stream", group="data",
@@ -62,6 +59,8 @@ class FederateConfig:
                                      default_text="32, or 224 for larger data")
     val_fraction: float = setting(0.02, "held-out share of the training set (§4.2: 2% for tuning)",
                                   within="[0, 0.5)", group="data")
+    data_args: dict[str, Any] = setting(default_factory=dict, cli=False, group="data")  # every dataset's own
+    # settings (split_csv, crop_size, ...), declared in its file, flat in config.json
     # partition
     partition: str | None = setting(None, lambda: " | ".join(PARTITIONS), group="partition",
                                     default_text="natural for datasets with given clients (inat-geo, "
@@ -107,11 +106,6 @@ class FederateConfig:
                                "results differ from float32 ones slightly)", group="federated training")
     centralized: bool = setting(False, "train centrally on the union of the clients, rounds x local-epochs "
                                        "epochs (the CL of ΔCL-FL, §4.2)", group="federated training")
-    # segmentation
-    crop_size: int | None = setting(None, "px of the square training crops", within="[1, inf)",
-                                    group="segmentation (cityscapes)", default_text="768, the paper's")
-    eval_size: str | None = setting(None, "HxW test resolution", group="segmentation (cityscapes)",
-                                    default_text="as stored; the paper's 1024x2048")
     # model
     arch: str | None = setting(None, "backbone: see pretrain --help", group="model",
                                default_text="resnet20 at 32 px, resnet18 at 224 px, mobilenet_v2 for "
@@ -134,10 +128,11 @@ class FederateConfig:
 
     def __init__(self, **values: Any) -> None:
         """Keyword arguments: the fields, plus any registered partition's settings (``alpha=0.1``), which
-        land in ``partition_args``; None for ``partition`` and ``arch`` means the dataset's default."""
-        known = setting_fields()
-        given = {**values.pop("partition_args", {}), **{k: values.pop(k) for k in list(values) if k in known}}
-        values["partition_args"] = {k: given.get(k, f.default) for k, f in known.items()} | given
+        land in ``partition_args``, and any dataset's (``split_csv=...``), which land in ``data_args``;
+        None for ``partition`` and ``arch`` means the dataset's default."""
+        for table, known in _flat_settings().items():
+            given = {**values.pop(table, {}), **{k: values.pop(k) for k in list(values) if k in known}}
+            values[table] = {k: given.get(k, f.default) for k, f in known.items()} | given
         init_fields(self, values)
         spec = DATASETS.lookup(self.dataset, DataError)
         if self.partition is None:
@@ -147,13 +142,14 @@ class FederateConfig:
         self.__post_init__()
 
     def __getattr__(self, name: str) -> Any:
-        """A partition setting (``cfg.alpha``), including one a plugin registered after this was built."""
-        if name.startswith("__") or name == "partition_args":
+        """A partition's or dataset's setting (``cfg.alpha``, ``cfg.crop_size``), including one a plugin
+        registered after this was built."""
+        if name.startswith("__") or name in ("partition_args", "data_args"):
             raise AttributeError(name)
-        known = setting_fields()
-        if name not in known:
-            raise AttributeError(f"{type(self).__name__} has no field or partition setting {name!r}")
-        return self.partition_args.get(name, known[name].default)
+        for table, known in _flat_settings().items():
+            if name in known:
+                return getattr(self, table).get(name, known[name].default)
+        raise AttributeError(f"{type(self).__name__} has no field or partition or dataset setting {name!r}")
 
     def __post_init__(self) -> None:
         ALGORITHMS.lookup(self.algo)
@@ -166,6 +162,8 @@ class FederateConfig:
             raise ValueError("--convex-data val needs a validation split; set --val-fraction above 0")
         self.partition_config()
         self.algo_config()
+        for name in DATASETS:  # every dataset's settings checked, as every partition's are
+            own_settings(DataConfig(name, options=self.data_args))
 
     def partition_config(self) -> PartitionConfig:
         """The partition request of this run (validates the partitions' settings), built once: every
@@ -198,7 +196,7 @@ class FederateConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> FederateConfig:
         """The config a run directory's ``config.json`` holds (its ``to_dict``), rebuilt."""
-        known = {f.name for f in fields(cls)} | set(setting_fields())
+        known = {f.name for f in fields(cls)}.union(*_flat_settings().values())
         values = {k: v for k, v in values.items() if k in known}
         tracking = dict(values.pop("tracking", {}))
         tracking["track"] = tuple(tracking.get("track", ()))
@@ -206,11 +204,18 @@ class FederateConfig:
         return merge({**values, "tracking": tracking})
 
     def to_dict(self) -> dict[str, Any]:
-        """The fully resolved config (preset lr, batch and optimiser), partition settings flat."""
+        """The fully resolved config (preset lr, batch and optimiser), partition and dataset settings flat."""
         record = dataclasses.asdict(self)
-        record.pop("partition_args")
-        return {**record, **self.partition_args, "lr": self.resolved_lr(),
+        for table in _flat_settings():
+            record.update(record.pop(table))
+        return {**record, "lr": self.resolved_lr(),
                 "batch_size": self.resolved_batch(), "optimizer": self.resolved_optimizer()}
+
+
+def _flat_settings() -> dict[str, dict[str, dataclasses.Field]]:
+    """The plugin settings a FederateConfig takes flat, by the field that holds them: every registered
+    partition's (``alpha``) and every dataset's (``split_csv``, ``crop_size``), each declared in its file."""
+    return {"partition_args": setting_fields(), "data_args": dataset_settings()}
 
 
 def merge(*layers: Mapping[str, Any]) -> FederateConfig:

@@ -86,7 +86,8 @@ def data_config(cfg: FederateConfig) -> DataConfig:
     return DataConfig(**{f.name: getattr(cfg, _AS_NAMED.get(f.name, f.name)) for f in fields(DataConfig)})
 
 
-_AS_NAMED = {"name": "dataset", "root": "data_root"}  # DataConfig field -> FederateConfig field
+# DataConfig field -> FederateConfig field
+_AS_NAMED = {"name": "dataset", "root": "data_root", "options": "data_args"}
 
 
 def client_class_counts(task: Task, data: ImageData, parts: list) -> np.ndarray:

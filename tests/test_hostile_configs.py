@@ -33,7 +33,7 @@ class Accepted(BaseException):
 def _tables() -> list[tuple[str, str, str]]:
     """(command, table path, key) for every key a config file may set."""
     from federated.experiment import FederateConfig, RunOptions
-    from federated.flags import partition_settings_classes
+    from federated.flags import plugin_settings_classes
     from federated.oracle.tracking import TrackConfig
     from pretrain.recipe import PretrainConfig
     from pretrain.recipe import RunOptions as PretrainRunOptions
@@ -41,7 +41,7 @@ def _tables() -> list[tuple[str, str, str]]:
     def keys(*classes):
         return sorted({f.name for c in classes for f in dataclasses.fields(c)
                        if not f.metadata.get("internal")})
-    return ([("federate", "federate", k) for k in keys(FederateConfig, *partition_settings_classes())
+    return ([("federate", "federate", k) for k in keys(FederateConfig, *plugin_settings_classes())
              if k != "tracking"]
             + [("federate", "federate.tracking", k) for k in keys(TrackConfig)]
             + [("federate", "run", k) for k in keys(RunOptions)]

@@ -214,8 +214,8 @@ def _inat_copy(valid: Path, case: Path) -> dict:
     for entry in (valid / "images").iterdir():
         if entry.is_dir():
             (case / "images" / entry.name).symlink_to(entry)
-    return {"root": str(case / "images"), "split_csv": str(case / SPLIT), "test_csv": str(case / TEST),
-            "store_size": 32}
+    return {"root": str(case / "images"), "store_size": 32,
+            "options": {"split_csv": str(case / SPLIT), "test_csv": str(case / TEST)}}
 
 
 # ---- Cityscapes --------------------------------------------------------------------------------------------

@@ -26,20 +26,21 @@ size (224 px for the ImageNet-style settings); the CLI may override it later.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 
 from fpsfl.base.registry import Registry
+from fpsfl.base.settings import check, union_fields
 
 from .decode import DataError, Loaded
 from .stream import StreamedImages, take, wants_stream
 
-__all__ = ["DATASETS", "DataConfig", "DataError", "DatasetSpec", "ImageData", "Loaded", "Preset",
-           "StreamedImages", "input_size_for", "keep_rows", "load_dataset", "register_dataset",
-           "split_validation"]
+__all__ = ["DATASETS", "DataConfig", "DataError", "DatasetSettings", "DatasetSpec", "ImageData", "Loaded",
+           "Preset", "StreamedImages", "input_size_for", "keep_rows", "load_dataset", "own_settings",
+           "register_dataset", "setting_fields", "split_validation"]
 
 SMALL_SIDE = 32  # px: stored images this small are trained at 32 px (CIFAR, §4.2)
 
@@ -54,13 +55,23 @@ class Preset(NamedTuple):
 
 
 @dataclass(frozen=True)
+class DatasetSettings:
+    """Base of a dataset's own settings (``--split-csv`` for inat-geo, ``--crop-size`` for cityscapes): a
+    frozen dataclass of :func:`~fpsfl.base.settings.setting` fields declared in the dataset's file and
+    given to :func:`register_dataset`; its fields become flags. Validated on construction (one line)."""
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+@dataclass(frozen=True)
 class DataConfig:
     name: str = "digits"  # a key of DATASETS
     root: str | None = None  # data folder (--data-root); unused by digits
     download: bool = False  # torchvision download for cifar10/100 (users with a network)
     store_size: int | None = None  # px side (cityscapes: height) images are held at; None: the default
-    split_csv: str | None = None  # inat-geo: the client split CSV (Hsu et al. 2020)
-    test_csv: str | None = None  # inat-geo: the test split CSV (Hsu et al.'s test.csv)
+    options: Mapping[str, Any] = field(default_factory=dict)  # the datasets' own settings by name (their
+    # DatasetSettings fields, e.g. split_csv); a reader takes its own with own_settings(cfg)
     decode: str = "auto"  # auto | memory | stream: folder images held in memory or decoded per batch
     verify: bool = True  # check CIFAR's files against their published md5 sums
     val_fraction: float = 0.02  # held-out share of the training set (§4.2 reserves 2% for tuning)
@@ -112,6 +123,7 @@ class DatasetSpec:
     default_arch: str = "resnet20"  # §4.2: ResNet20 at 32 px, ResNet18 at 224 px; Table 5: MobileNetV2
     task: str = "classification"  # a key of federated.tasks.TASKS: classification | segmentation
     streams: bool = False  # its reader can leave images as files (--decode stream)
+    settings: type[DatasetSettings] = DatasetSettings  # its own settings (flags), declared in its file
 
 
 Reader = Callable[[DataConfig, int], Loaded]  # (config, stored side in px) -> arrays, no validation split
@@ -122,15 +134,34 @@ DATASETS: Registry[DatasetSpec] = Registry("dataset", discover="federated.datase
 def register_dataset(name: str, *, store_size: int, input_size: int, needs_root: bool, description: str,
                      preset: Preset, hflip: bool = True, default_partition: str = "dirichlet",
                      default_arch: str | None = None, task: str = "classification",
-                     streams: bool = False) -> Callable[[Reader], Reader]:
+                     streams: bool = False,
+                     settings: type[DatasetSettings] = DatasetSettings) -> Callable[[Reader], Reader]:
     """Decorator of a reader ``read(cfg, stored) -> Loaded`` registering it as dataset ``name``; the reader
-    is returned unchanged. ``default_arch`` None: ResNet20 up to 32 px inputs, ResNet18 above (§4.2)."""
+    is returned unchanged. ``default_arch`` None: ResNet20 up to 32 px inputs, ResNet18 above (§4.2).
+    ``settings``: the dataset's own flags, read by its reader with :func:`own_settings`."""
     def add(read: Reader) -> Reader:
         spec = _spec(read, store_size, input_size, needs_root, description, preset, hflip, default_partition,
                      default_arch, task, streams)
-        DATASETS.register(spec, name=name)
+        DATASETS.register(dataclasses.replace(spec, settings=settings), name=name)
         return read
     return add
+
+
+def setting_fields() -> dict[str, dataclasses.Field]:
+    """Every registered dataset's own settings by name, in registry order (one flag each; two datasets may
+    share one only with the same default)."""
+    owners = {name: spec.settings for name, spec in DATASETS.items()}
+    return union_fields(owners, "dataset", {f.name: "DataConfig" for f in dataclasses.fields(DataConfig)})
+
+
+def own_settings(cfg: DataConfig) -> DatasetSettings:
+    """The settings of ``cfg``'s dataset, typed and checked, from ``cfg.options`` (those of other datasets
+    ignored, missing ones at their defaults); a bad value is a one-line DataError."""
+    cls = DATASETS.lookup(cfg.name, DataError).settings
+    try:
+        return cls(**{f.name: cfg.options[f.name] for f in dataclasses.fields(cls) if f.name in cfg.options})
+    except ValueError as exc:
+        raise DataError(f"{cfg.name}: {exc}") from None
 
 
 def input_size_for(default_input: int, stored: int) -> int:

@@ -4,14 +4,16 @@ task of Chen et al., ICLR 2023, Table 5 (DeepLabV3+ with MobileNetV2, 18 city cl
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from PIL import Image
 
 from fpsfl.base.images import pil_rgb
+from fpsfl.base.settings import setting
 
-from . import DataConfig, Preset, register_dataset
+from . import DataConfig, DatasetSettings, Preset, register_dataset
 from .decode import DataError, Loaded, _ids, _labels, _require_dir, decode_parallel
 
 CITYSCAPES_LAYOUT = ("ROOT/leftImg8bit/{train,val}/<city>/*_leftImg8bit.png and "
@@ -137,12 +139,22 @@ def read_cityscapes(root: str, store_size: int, workers: int | None = None) -> L
 
 
 # Table 5: stored at full resolution (1024 x 2048; 25 GB of train images + labels), 768 px crops
+@dataclass(frozen=True)
+class CityscapesSettings(DatasetSettings):
+    """What the segmentation task (federated.tasks.segmentation) crops and tests at (Table 5)."""
+
+    crop_size: int | None = setting(None, "px of the square training crops", within="[1, inf)",
+                                    group="segmentation (cityscapes)", default_text="768, the paper's")
+    eval_size: str | None = setting(None, "HxW test resolution", group="segmentation (cityscapes)",
+                                    default_text="as stored; the paper's 1024x2048")
+
+
 @register_dataset(
     "cityscapes", store_size=1024, input_size=768, needs_root=True,
     description=f"Cityscapes fine: {CITYSCAPES_LAYOUT}; cities = clients, val = test; "
                 "--store-size is the height (512 quarters the 25 GB)",
     preset=Preset(0.001, 16, "adam"), default_partition="natural", default_arch="mobilenet_v2",
-    task="segmentation",
+    task="segmentation", settings=CityscapesSettings,
 )
 def cityscapes(cfg: DataConfig, stored: int) -> Loaded:
     """Cityscapes from ``cfg.root``, ``stored`` px high; the cities are the clients (natural partition)."""

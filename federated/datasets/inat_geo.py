@@ -15,10 +15,12 @@ import os
 import re
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from fpsfl.base.settings import setting
 from pretrain.folder import walk_images
 
-from . import DataConfig, Preset, register_dataset
+from . import DataConfig, DatasetSettings, Preset, own_settings, register_dataset
 from .decode import DataError, Loaded, _ids, _is_int, _read_text, _require_dir
 from .stream import decode_split, wants_stream
 
@@ -227,12 +229,22 @@ def read_inat_geo(root: str, split_csv: str | None, size: int, workers: int | No
                         stream=wants_stream(decode, len(paths), size, large=True))
 
 
+@dataclass(frozen=True)
+class InatGeoSettings(DatasetSettings):
+    split_csv: str | None = setting(None, "inat-geo: the GEO-10K/GEO-3K client split CSV (Hsu et al.'s "
+                                          "federated_train_geo_*.csv)", group="data")
+    test_csv: str | None = setting(None, "inat-geo: the test split CSV (Hsu et al.'s test.csv, image_id and "
+                                         "class), the global test set of Table 4", group="data",
+                                   default_text="none: 10% of each client's images are held out")
+
+
 @register_dataset(
     "inat-geo", store_size=224, input_size=224, needs_root=True,  # Tables 1 and 8: 224^2, decoded per batch
     description="iNaturalist-2017 images under ROOT with a GEO client split CSV (--split-csv) and "
                 "test.csv (--test-csv)",
-    preset=Preset(0.1, 128, "sgd"), default_partition="natural", streams=True,
+    preset=Preset(0.1, 128, "sgd"), default_partition="natural", streams=True, settings=InatGeoSettings,
 )
 def inat_geo(cfg: DataConfig, stored: int) -> Loaded:
-    """The images under ``cfg.root`` split into clients by ``cfg.split_csv`` (natural partition)."""
-    return read_inat_geo(cfg.root, cfg.split_csv, stored, test_csv=cfg.test_csv, decode=cfg.decode)
+    """The images under ``cfg.root`` split into clients by ``--split-csv`` (natural partition)."""
+    own = own_settings(cfg)
+    return read_inat_geo(cfg.root, own.split_csv, stored, test_csv=own.test_csv, decode=cfg.decode)

@@ -17,6 +17,7 @@ from typing import Any
 
 from fpsfl.base.settings import coerce, field_types
 
+from ..datasets import setting_fields as dataset_settings
 from ..experiment import FederateConfig, RunOptions, merge
 from ..partitions import setting_fields
 
@@ -24,13 +25,13 @@ ALIASES = {"num-server-rounds": "rounds"}  # Flower's name for the round count
 # RunOptions' (not the result's)
 RUN_KEYS = ("out", "device", "resume", "flower-timeout", "min-replies", "shards", "node-names", "node-wait",
             "tensorboard")
-NOT_HERE = {"tracking", "algo_args", "partition_args"}  # nested: set, or the CLI's own flags
+NOT_HERE = {"tracking", "algo_args", "partition_args", "data_args"}  # nested: set, or the CLI's own flags
 
 
 def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig, RunOptions]:
     """federate's config and run options from a Flower run config (engine flower)."""
     cfg_types = {k: v for k, v in field_types(FederateConfig).items() if k not in NOT_HERE}
-    partition = {name: f.type for name, f in setting_fields().items()}
+    partition = {name: f.type for name, f in {**setting_fields(), **dataset_settings()}.items()}
     run_types = {k: v for k, v in field_types(RunOptions).items()
                  if k.replace("_", "-") in RUN_KEYS}
     values: dict[str, Any] = {}
@@ -66,6 +67,7 @@ def run_config_of(cfg: FederateConfig, opts: RunOptions) -> dict[str, Any]:
     ``federate --engine flower`` hands the app (None values left out: federate's defaults)."""
     record = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_HERE}
     record.update(cfg.partition_args)
+    record.update(cfg.data_args)
     out: dict[str, Any] = {}
     for name, value in record.items():
         if value is None or value == ():

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from fpsfl.base.settings import union_fields
+
 from .base import DRAWN_MIN_SIZE, PARTITIONS, Partition, PartitionError, PartitionSettings
 
 _DRIVER = ("name", "clients", "min_size", "max_redraws", "seed")  # PartitionConfig's own fields
@@ -26,18 +28,8 @@ def setting_fields() -> dict[str, dataclasses.Field]:
 
     Two partitions may share a setting only with the same default (it is one command-line flag).
     """
-    fields: dict[str, dataclasses.Field] = {}
-    owner: dict[str, str] = {}
-    for name, cls in PARTITIONS.items():
-        for f in dataclasses.fields(cls.Config):
-            if f.name in _DRIVER:
-                raise ValueError(f"partition {name!r} declares setting {f.name!r}, a PartitionConfig field")
-            if f.name in fields and _default(fields[f.name]) != _default(f):
-                raise ValueError(f"partitions {owner[f.name]!r} and {name!r} both declare setting {f.name!r} "
-                                 f"with different defaults ({_default(fields[f.name])!r}, {_default(f)!r})")
-            fields.setdefault(f.name, f)
-            owner.setdefault(f.name, name)
-    return fields
+    owners = {name: cls.Config for name, cls in PARTITIONS.items()}
+    return union_fields(owners, "partition", dict.fromkeys(_DRIVER, "PartitionConfig"))
 
 
 def headline(name: str) -> str | None:

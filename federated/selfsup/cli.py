@@ -33,7 +33,7 @@ from pretrain.backbones import check_backbone
 
 from ..datasets import DATASETS
 from ..experiment import FederateConfig, merge
-from ..flags import add_partition_flags, partition_settings_classes
+from ..flags import add_plugin_flags, plugin_settings_classes
 from . import FED_SSL
 from .config import DATA_FIELDS, SelfPretrainConfig, SelfPretrainOptions
 from .runner import run
@@ -45,7 +45,7 @@ def configs_from(args: argparse.Namespace) -> tuple[FederateConfig, SelfPretrain
     """The run's data/partition/model config, self-pre-training config and options from parsed flags."""
     values = settings_from(args, FederateConfig)
     values.pop("algo", None)  # --algo names the self-supervised method (SelfPretrainConfig), not federate's
-    for settings in partition_settings_classes():
+    for settings in plugin_settings_classes():
         values.update(settings_from(args, settings))
     fed = merge(values)
     sp = SelfPretrainConfig(**settings_from(args, SelfPretrainConfig), algo_args=parse_settings(args.set))
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                formatter_class=argparse.RawDescriptionHelpFormatter)
     groups = {name: p.add_argument_group(name) for name in GROUPS}
     add_settings(p, FederateConfig, groups=groups, only=DATA_FIELDS)
-    add_partition_flags(p, groups)
+    add_plugin_flags(p, groups)
     add_settings(p, SelfPretrainConfig, groups=groups)
     known = "; ".join(f"{name}: {', '.join(f.name for f in dataclasses.fields(cls.Config))}"
                       for name, cls in FED_SSL.items())

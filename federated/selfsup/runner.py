@@ -40,9 +40,10 @@ Host = Callable[[Callable[[Dispatch | None], list[dict]]], list[dict]]
 
 
 def data_config(fed: FederateConfig) -> dict:
-    """The part of ``fed`` self-pre-training reads (:data:`DATA_FIELDS` and the partition's settings)."""
+    """The part of ``fed`` self-pre-training reads (:data:`DATA_FIELDS` and the partitions' and datasets'
+    settings, flat)."""
     full = fed.to_dict()
-    return {k: full[k] for k in (*DATA_FIELDS, *fed.partition_args)}
+    return {k: full[k] for k in (*DATA_FIELDS, *fed.partition_args, *fed.data_args) if k in full}
 
 
 def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, data: ImageData | None = None,

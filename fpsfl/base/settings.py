@@ -189,3 +189,28 @@ def group_fields(cls: type, *groups: str) -> tuple[str, ...]:
     """The names of ``cls``'s fields declared in ``groups`` (:func:`setting`'s ``group``), in declaration
     order: one group's settings taken as a whole (e.g. a run's data settings) instead of a hand list."""
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("group") in groups)
+
+
+def union_fields(owners: Mapping[str, type], family: str, reserved: Mapping[str, str] | None = None
+                 ) -> dict[str, dataclasses.Field]:
+    """Every field of the settings classes ``owners`` (plugin name -> its settings dataclass) by name, in
+    registry order: the flat settings of a plugin family, one flag each (every partition's, every
+    dataset's). Two plugins may share a setting only with the same default; a name in ``reserved`` (the
+    driver's own field -> the class that holds it) is refused. ValueError, one line."""
+    fields: dict[str, dataclasses.Field] = {}
+    owner: dict[str, str] = {}
+    for name, cls in owners.items():
+        for f in dataclasses.fields(cls):
+            if f.name in (reserved or {}):
+                raise ValueError(f"{family} {name!r} declares setting {f.name!r}, a {reserved[f.name]} field")
+            if f.name in fields and _default_of(fields[f.name]) != _default_of(f):
+                raise ValueError(f"{family}s {owner[f.name]!r} and {name!r} both declare setting {f.name!r} "
+                                 f"with different defaults ({_default_of(fields[f.name])!r}, "
+                                 f"{_default_of(f)!r})")
+            fields.setdefault(f.name, f)
+            owner.setdefault(f.name, name)
+    return fields
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default

@@ -63,7 +63,8 @@ def _build_tiny(tmp_path):
 
 def _build_inat(tmp_path):
     csv_path, _ = _write_inat(tmp_path)
-    return DataConfig("inat-geo", root=str(tmp_path / "images"), split_csv=csv_path, store_size=8)
+    return DataConfig("inat-geo", root=str(tmp_path / "images"), options={"split_csv": csv_path},
+                      store_size=8)
 
 
 def _build_imagefolder(tmp_path):
@@ -251,7 +252,7 @@ def test_tinyimagenet_small_store_trains_at_32(tmp_path):
 
 
 def _inat(tmp_path, csv_path, **kw):  # held in memory to identify images (streaming: test_stream.py)
-    return load_dataset(DataConfig("inat-geo", root=str(tmp_path / "images"), split_csv=csv_path,
+    return load_dataset(DataConfig("inat-geo", root=str(tmp_path / "images"), options={"split_csv": csv_path},
                                    store_size=8, val_fraction=0, decode="memory", **kw))
 
 
@@ -397,7 +398,8 @@ def test_to_moves_every_tensor():
 
 def _bad_csv(tmp_path):
     _write_inat(tmp_path, header=("user_id", "picture", "class", "label"))
-    return DataConfig("inat-geo", root=str(tmp_path / "images"), split_csv=str(tmp_path / "split.csv"))
+    return DataConfig("inat-geo", root=str(tmp_path / "images"),
+                      options={"split_csv": str(tmp_path / "split.csv")})
 
 
 ERRORS = {

@@ -1,5 +1,6 @@
 """A new algorithm, dataset and partition are one file each: defined here, and nowhere else, they run
-through ``federate`` end to end, the partition's own setting becoming a command-line flag."""
+through ``federate`` end to end, the partition's and the dataset's own settings becoming command-line
+flags."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from federated.algorithms import ALGORITHMS, AlgoConfig, FedAvg
 from federated.cli import main as federate
-from federated.datasets import DATASETS, Loaded, Preset, register_dataset
+from federated.datasets import DATASETS, DatasetSettings, Loaded, Preset, own_settings, register_dataset
 from federated.partitions import PARTITIONS, Partition, PartitionSettings
 from fpsfl.base.settings import setting
 
@@ -34,9 +35,14 @@ class HalfStep(FedAvg):
         return {k: w + self.cfg.step * (avg[k] - w) for k, w in global_params.items()}
 
 
-# ---- the toy dataset: 3 classes of 16 px random images, embedded
+# ---- the toy dataset: 3 classes of 16 px random images, embedded, drawn from its own --blob-seed
+@dataclass(frozen=True)
+class BlobSettings(DatasetSettings):
+    blob_seed: int = setting(7, "seed of the toy images", within="[0, inf)", group="data")
+
+
 def read_blobs(cfg, stored: int) -> Loaded:
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(own_settings(cfg).blob_seed)
     y, ty = torch.arange(60) % 3, torch.arange(12) % 3
     x = torch.randint(0, 256, (60, stored, stored, 3), dtype=torch.uint8, generator=g)
     tx = torch.randint(0, 256, (12, stored, stored, 3), dtype=torch.uint8, generator=g)
@@ -62,7 +68,7 @@ class RoundRobin(Partition):
 def plugins():
     ALGORITHMS.register(HalfStep)
     register_dataset("blobs", store_size=16, input_size=16, needs_root=False, description="toy blobs",
-                     preset=Preset(0.05, 8, "sgd"), hflip=False)(read_blobs)
+                     preset=Preset(0.05, 8, "sgd"), hflip=False, settings=BlobSettings)(read_blobs)
     PARTITIONS.register(RoundRobin)
     yield
     ALGORITHMS.unregister("halfstep")
@@ -92,6 +98,27 @@ def test_a_plugin_setting_out_of_range_is_one_line(tmp_path, plugins, capsys):
     assert federate(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "rr_offset" in err
+
+
+def test_a_dataset_setting_is_a_flag_recorded_flat_and_replayed(tmp_path, plugins, capsys):
+    """The toy dataset's --blob-seed, declared only above, reaches its reader, config.json (flat, as a
+    partition's setting) and a --config replay; out of range it is one line (issue 39)."""
+    from federated.datasets import DataConfig, load_dataset
+    base = ["--dataset", "blobs", "--clients", "3", "--min-size", "1", "--rounds", "1", "--local-epochs", "1",
+            "--width", "0.25", "--device", "cpu", "--quiet"]
+    assert federate([*base, "--blob-seed", "3", "--out", str(tmp_path / "r")]) == 0, capsys.readouterr().err
+    config = json.loads((tmp_path / "r" / "config.json").read_text())["config"]["federate"]
+    assert config["blob_seed"] == 3 and "data_args" not in config
+    replay = ["--config", str(tmp_path / "r" / "config.json"), "--out", str(tmp_path / "again")]
+    assert federate(replay) == 0, capsys.readouterr().err
+    replayed = json.loads((tmp_path / "again" / "config.json").read_text())["config"]["federate"]
+    assert replayed["blob_seed"] == 3
+    seeded = load_dataset(DataConfig("blobs", options={"blob_seed": 3}))
+    assert not torch.equal(seeded.train_x, load_dataset(DataConfig("blobs")).train_x)
+    assert "--blob-seed" in _help(capsys)
+    assert federate([*base, "--blob-seed", "-1", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "blob-seed" in err
 
 
 def _help(capsys) -> str:

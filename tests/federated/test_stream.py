@@ -91,7 +91,8 @@ def _ids_from_json(root: Path, csvs: list[str]) -> None:
 def test_inat_geo_reads_the_json_index_and_test_csv_and_streams_by_default(tmp_path):
     files = write_inat_geo(tmp_path / "inat", n_classes=6)
     _ids_from_json(Path(files["images"]), [files["geo10k"], files["geo3k"], files["test"]])
-    cfg = DataConfig("inat-geo", root=files["images"], split_csv=files["geo10k"], test_csv=files["test"],
+    cfg = DataConfig("inat-geo", root=files["images"], options={"split_csv": files["geo10k"],
+                                                               "test_csv": files["test"]},
                      val_fraction=0, store_size=16)
     data = load_dataset(cfg)
     assert isinstance(data.train_x, StreamedImages) and isinstance(data.test_x, StreamedImages)
@@ -100,7 +101,7 @@ def test_inat_geo_reads_the_json_index_and_test_csv_and_streams_by_default(tmp_p
     assert torch.bincount(data.test_y).tolist() == [8] * 6
     memory = load_dataset(dataclasses.replace(cfg, decode="memory"))
     assert torch.equal(data.test_x[:], memory.test_x) and torch.equal(data.train_x[:], memory.train_x)
-    geo3k = load_dataset(dataclasses.replace(cfg, split_csv=files["geo3k"]))
+    geo3k = load_dataset(dataclasses.replace(cfg, options={**cfg.options, "split_csv": files["geo3k"]}))
     assert geo3k.clients.unique().tolist() == list(range(16)) and torch.equal(geo3k.train_y, data.train_y)
 
 
