@@ -149,7 +149,8 @@ class FederateConfig:
         for table, known in _flat_settings().items():
             if name in known:
                 return getattr(self, table).get(name, known[name].default)
-        raise AttributeError(f"{type(self).__name__} has no field or partition or dataset setting {name!r}")
+        raise AttributeError(f"{type(self).__name__} has no field, partition setting or dataset setting "
+                             f"{name!r}")
 
     def __post_init__(self) -> None:
         ALGORITHMS.lookup(self.algo)
