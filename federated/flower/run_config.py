@@ -31,7 +31,7 @@ NOT_HERE = {"tracking", "algo_args", "partition_args", "data_args"}  # nested: s
 def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig, RunOptions]:
     """federate's config and run options from a Flower run config (engine flower)."""
     cfg_types = {k: v for k, v in field_types(FederateConfig).items() if k not in NOT_HERE}
-    partition = {name: f.type for name, f in {**setting_fields(), **dataset_settings()}.items()}
+    plugin = {name: f.type for name, f in {**setting_fields(), **dataset_settings()}.items()}  # flat ones
     run_types = {k: v for k, v in field_types(RunOptions).items()
                  if k.replace("_", "-") in RUN_KEYS}
     values: dict[str, Any] = {}
@@ -46,8 +46,8 @@ def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig,
             continue  # federate's default
         if name in cfg_types:
             values[name] = coerce(key, value, cfg_types[name])
-        elif name in partition:
-            values[name] = coerce(key, value, _kind(partition[name]))
+        elif name in plugin:
+            values[name] = coerce(key, value, _kind(plugin[name]))
         elif name in ("out", "shards", "tensorboard"):
             run[name] = Path(str(value)).expanduser()
         elif name in run_types:
@@ -83,7 +83,7 @@ def run_config_of(cfg: FederateConfig, opts: RunOptions) -> dict[str, Any]:
 
 
 def _kind(annotation: Any) -> Any:
-    """A partition setting's annotation, resolved (the partitions' files use future annotations)."""
+    """A partition's or dataset's setting's annotation, resolved (their files use future annotations)."""
     if not isinstance(annotation, str):
         return annotation
     return {"int": int, "float": float, "str": str, "bool": bool, "int | None": int | None,

@@ -12,15 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from fpsfl.base.settings import union_fields
+from fpsfl.base.settings import field_default, union_fields
 
 from .base import DRAWN_MIN_SIZE, PARTITIONS, Partition, PartitionError, PartitionSettings
 
 _DRIVER = ("name", "clients", "min_size", "max_redraws", "seed")  # PartitionConfig's own fields
-
-
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def setting_fields() -> dict[str, dataclasses.Field]:
@@ -93,7 +89,7 @@ class PartitionConfig:
         if unknown:
             raise PartitionError(f"no partition has a setting {unknown[0]!r}; the settings are "
                                  f"{', '.join(fields) or 'none'}")
-        values = {k: _plain(settings[k]) if k in settings else _default(f) for k, f in fields.items()}
+        values = {k: _plain(settings[k]) if k in settings else field_default(f) for k, f in fields.items()}
         built = {cls: _build(cls, values) for cls in PARTITIONS.values()}
         set_ = object.__setattr__  # immutable: only __init__ assigns
         set_(self, "name", name)

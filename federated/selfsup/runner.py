@@ -42,8 +42,9 @@ Host = Callable[[Callable[[Dispatch | None], list[dict]]], list[dict]]
 def data_config(fed: FederateConfig) -> dict:
     """The part of ``fed`` self-pre-training reads (:data:`DATA_FIELDS` and the partitions' and datasets'
     settings, flat)."""
-    full = fed.to_dict()
-    return {k: full[k] for k in (*DATA_FIELDS, *fed.partition_args, *fed.data_args) if k in full}
+    full = fed.to_dict()  # the two tables of DATA_FIELDS' data group are flat there: their keys are read
+    return {k: full[k] for k in (*DATA_FIELDS, *fed.partition_args, *fed.data_args)
+            if k not in ("partition_args", "data_args")}
 
 
 def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, data: ImageData | None = None,

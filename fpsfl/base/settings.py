@@ -175,14 +175,9 @@ def init_fields(obj: Any, values: Mapping[str, Any]) -> None:
 
 
 def defaults(cls: type) -> dict[str, Any]:
-    """Each field's default value (``default_factory`` called)."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
+    """Each field's default value (``default_factory`` called); fields without one are left out."""
+    return {f.name: field_default(f) for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
 
 
 def group_fields(cls: type, *groups: str) -> tuple[str, ...]:
@@ -203,14 +198,15 @@ def union_fields(owners: Mapping[str, type], family: str, reserved: Mapping[str,
         for f in dataclasses.fields(cls):
             if f.name in (reserved or {}):
                 raise ValueError(f"{family} {name!r} declares setting {f.name!r}, a {reserved[f.name]} field")
-            if f.name in fields and _default_of(fields[f.name]) != _default_of(f):
+            if f.name in fields and field_default(fields[f.name]) != field_default(f):
                 raise ValueError(f"{family}s {owner[f.name]!r} and {name!r} both declare setting {f.name!r} "
-                                 f"with different defaults ({_default_of(fields[f.name])!r}, "
-                                 f"{_default_of(f)!r})")
+                                 f"with different defaults ({field_default(fields[f.name])!r}, "
+                                 f"{field_default(f)!r})")
             fields.setdefault(f.name, f)
             owner.setdefault(f.name, name)
     return fields
 
 
-def _default_of(f: dataclasses.Field) -> Any:
+def field_default(f: dataclasses.Field) -> Any:
+    """The default of a field that has one (``default_factory`` called)."""
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
