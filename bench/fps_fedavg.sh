@@ -11,7 +11,7 @@ set -euo pipefail
 out=${1:?usage: bash bench/fps_fedavg.sh OUT [SEEDS]}
 seeds=${2:-0 1 2}
 data=${DATA:-$(dirname "$0")/../../shared/data/cifar10-probe}
-fps=${FPS:-fps-mocov2-resnet20-cpu-1m}
+fps=${FPS:-fps-mocov2-t05-resnet20-cpu-1m}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # two single-thread runs share the 2-core VM
 arm() {  # arm INIT TAG: every seed, continued with --resume where a run started (checked against its record)
     for s in $seeds; do

@@ -109,8 +109,9 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise UsageError(f"pretrain {args.command} needs --root DIR (an image folder)")
     if not spec.rendered:
         values["pairs_per_epoch"] = 1  # an epoch is one pass over the folder
-    cfg = PretrainConfig(source=source, method=method,
-                         method_args={**file_method, **_method_args(args.set, args.lr)}, **values)
+    preset_args = preset.method_args if applies and method == preset.method else {}
+    method_args = {**preset_args, **file_method, **_method_args(args.set, args.lr)}
+    cfg = PretrainConfig(source=source, method=method, method_args=method_args, **values)
     if spec.rendered and cfg.size < 16:
         raise UsageError(f"--size must be at least 16 px for rendered fractals, got {cfg.size}")
     check_backbone(cfg.arch, cfg.width, cfg.size)
@@ -141,6 +142,11 @@ def check_apart(out: Path, run_dir: Path) -> None:
         raise UsageError(f"--out {out} {where} the run directory {run_dir}; put the checkpoint outside it")
 
 
+def _recipe_sets(recipe) -> str:
+    """A recipe's method settings as the --set flags that give them: ' --set temperature=0.5'."""
+    return "".join(f" --set {k}={v}" for k, v in recipe.method_args.items())
+
+
 def _add_source_command(sub, name: str) -> None:
     """The subcommand of one source: the recipe's flags that apply to it, --method, --lr, --set, run flags."""
     spec = SOURCES[ALIASES.get(name, name)]
@@ -150,8 +156,8 @@ def _add_source_command(sub, name: str) -> None:
     add_settings(p, PretrainConfig, skip=unused)
     if RECIPES[DEFAULT_RECIPE].method in spec.methods:
         p.add_argument("--recipe", choices=tuple(RECIPES), default=None,
-                       help="defaults of --method and --init-scale: "
-                            + "; ".join(f"{k}: {r.method}, init x{r.init_scale:g}, {r.text}"
+                       help="defaults of --method, its settings and --init-scale: "
+                            + "; ".join(f"{k}: {r.method}{_recipe_sets(r)}, init x{r.init_scale:g}, {r.text}"
                                         for k, r in RECIPES.items())
                             + f" (default: {DEFAULT_RECIPE}; with --config, the file's run's own)")
     else:

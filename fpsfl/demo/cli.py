@@ -42,7 +42,7 @@ from fpsfl.base.rundir import RunDir
 
 from .ledger import Ledger
 
-SHIPPED_NAME = "fps-mocov2-resnet20-cpu-1m"  # the shipped weights the demo compares with, when they ship
+SHIPPED_NAME = "fps-mocov2-t05-resnet20-cpu-1m"  # the shipped weights of the default recipe (issue 38)
 
 
 @dataclass(frozen=True)
