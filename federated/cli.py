@@ -81,9 +81,11 @@ def file_settings(args: argparse.Namespace) -> FileSettings:
         return FileSettings({}, {}, {}, {})
     tables = read_sections(path, ("federate", "algo", "run"), recorded=("algo", "init_sha256", "engine"))
     where = f"--config {path}"
+    plugin_tables = ("partition_args", "data_args")
     fed = typed([FederateConfig, *plugin_settings_classes()], tables.get("federate", {}),
-                f"{where}: [federate]", skip=("tracking", "algo_args"))
-    fed.pop("partition_args", None)  # the partition settings are flat beside it
+                f"{where}: [federate]", skip=("tracking", "algo_args", *plugin_tables))
+    for table in plugin_tables:  # written as a table, plugin settings count as the flat keys (which win)
+        fed = {**typed(plugin_settings_classes(), fed.pop(table, {}), f"{where}: [federate.{table}]"), **fed}
     tracking = typed(TrackConfig, fed.pop("tracking", {}), f"{where}: [federate.tracking]")
     algo = {**fed.pop("algo_args", {}), **tables.get("algo", {})}
     return FileSettings(fed, algo, tracking, typed(RunOptions, tables.get("run", {}), f"{where}: [run]"))

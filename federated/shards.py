@@ -32,13 +32,13 @@ import torch
 
 from fpsfl.base.files import LockedError, atomic_write, clean_stale, lock_file, unlock_file
 
-from .datasets import ImageData
+from .datasets import ImageData, split_settings
 
 FORMAT = "fpsfl-shards/2"  # /2: the sha256 covers the index array too
 MANIFEST = "manifest.json"
-# the FederateConfig fields that decide which samples a client holds (the partition's settings and its
-# resolved min_size come on top)
-DATA_FIELDS = ("dataset", "store_size", "split_csv", "val_fraction", "seed", "partition", "clients")
+# the FederateConfig fields that decide which samples a client holds (the partition's settings, its
+# resolved min_size and the datasets' split settings, e.g. inat-geo's split_csv, come on top)
+DATA_FIELDS = ("dataset", "store_size", "val_fraction", "seed", "partition", "clients")
 
 
 class ShardError(ValueError):
@@ -67,9 +67,9 @@ class Shard:
 
 
 def partition_settings(cfg: Any) -> dict:
-    """What decides a client's samples: :data:`DATA_FIELDS` and the partition's own settings (a dict that
-    JSON round-trips, so a manifest read back compares equal)."""
-    settings = {name: getattr(cfg, name) for name in DATA_FIELDS}
+    """What decides a client's samples: :data:`DATA_FIELDS`, the datasets' split settings and the
+    partition's own settings (a dict that JSON round-trips, so a manifest read back compares equal)."""
+    settings = {name: getattr(cfg, name) for name in (*DATA_FIELDS, *split_settings())}
     settings["min_size"] = cfg.partition_config().min_size  # the field's None means the partition's default
     settings.update(cfg.partition_args)
     return json.loads(json.dumps(settings))

@@ -45,6 +45,23 @@ def test_federate_replays_a_run_from_its_config_json_bit_for_bit(tmp_path, capsy
     assert_same_tensors(final_model(x), final_model(y))
 
 
+def test_federate_reads_plugin_settings_written_as_tables(tmp_path, capsys):
+    """[federate.partition_args] and [federate.data_args] tables are the flat keys they hold: the first
+    was read and dropped before (a silent wrong run), the second taken unchecked."""
+    toml = tmp_path / "run.toml"
+    toml.write_text('[federate]\nwidth = 0.25\nclients = 3\nrounds = 1\nlocal_epochs = 1\nbatch_size = 32\n'
+                    '[federate.partition_args]\nalpha = 0.05\n[federate.data_args]\ncrop_size = 64\n'
+                    '[run]\ndevice = "cpu"\nprogress = false\n')
+    out = tmp_path / "r"
+    assert federate(["--config", str(toml), "--out", str(out)]) == 0
+    saved = config(out)["federate"]
+    assert saved["alpha"] == 0.05 and saved["crop_size"] == 64
+    toml.write_text(toml.read_text().replace("alpha = 0.05", 'alpha = "x"'))
+    assert federate(["--config", str(toml), "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "[federate.partition_args]" in err[0]
+
+
 def test_federate_flags_beside_a_toml_file_win(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('[federate]\nwidth = 0.25\nclients = 3\nrounds = 2\nlocal_epochs = 1\nalpha = 1.0\n'

@@ -58,7 +58,10 @@ class Preset(NamedTuple):
 class DatasetSettings:
     """Base of a dataset's own settings (``--split-csv`` for inat-geo, ``--crop-size`` for cityscapes): a
     frozen dataclass of :func:`~fpsfl.base.settings.setting` fields declared in the dataset's file and
-    given to :func:`register_dataset`; its fields become flags. Validated on construction (one line)."""
+    given to :func:`register_dataset`; its fields become flags. Validated on construction (one line).
+    ``SPLIT`` names the fields that decide which samples a client holds: a shard manifest records them."""
+
+    SPLIT: tuple[str, ...] = ()  # a class attribute, not a field (no annotation in subclasses)
 
     def __post_init__(self) -> None:
         check(self)
@@ -152,6 +155,12 @@ def setting_fields() -> dict[str, dataclasses.Field]:
     share one only with the same default)."""
     owners = {name: spec.settings for name, spec in DATASETS.items()}
     return union_fields(owners, "dataset", {f.name: "DataConfig" for f in dataclasses.fields(DataConfig)})
+
+
+def split_settings() -> tuple[str, ...]:
+    """The dataset settings that decide a client's samples (each dataset's ``SPLIT``), in registry order."""
+    names = (name for spec in DATASETS.values() for name in spec.settings.SPLIT)
+    return tuple(dict.fromkeys(names))
 
 
 def own_settings(cfg: DataConfig) -> DatasetSettings:

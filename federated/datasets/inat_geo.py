@@ -231,6 +231,7 @@ def read_inat_geo(root: str, split_csv: str | None, size: int, workers: int | No
 
 @dataclass(frozen=True)
 class InatGeoSettings(DatasetSettings):
+    SPLIT = ("split_csv",)  # the GEO split assigns the clients' images: a shard manifest records it
     split_csv: str | None = setting(None, "inat-geo: the GEO-10K/GEO-3K client split CSV (Hsu et al.'s "
                                           "federated_train_geo_*.csv)", group="data")
     test_csv: str | None = setting(None, "inat-geo: the test split CSV (Hsu et al.'s test.csv, image_id and "

@@ -38,6 +38,7 @@ class HalfStep(FedAvg):
 # ---- the toy dataset: 3 classes of 16 px random images, embedded, drawn from its own --blob-seed
 @dataclass(frozen=True)
 class BlobSettings(DatasetSettings):
+    SPLIT = ("blob_seed",)  # it draws the images: which samples a client holds
     blob_seed: int = setting(7, "seed of the toy images", within="[0, inf)", group="data")
 
 
@@ -119,6 +120,18 @@ def test_a_dataset_setting_is_a_flag_recorded_flat_and_replayed(tmp_path, plugin
     assert federate([*base, "--blob-seed", "-1", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "blob-seed" in err
+
+
+def test_a_dataset_setting_that_decides_the_samples_is_in_the_shard_manifest(plugins):
+    """A setting the dataset's file names in SPLIT is what node-local shards are checked against, with no
+    list elsewhere to extend (issue 39); inat-geo's --split-csv is one, its --test-csv is not."""
+    from federated.experiment import FederateConfig
+    from federated.shards import partition_settings
+
+    settings = partition_settings(FederateConfig(dataset="blobs", clients=3, min_size=1, blob_seed=3))
+    assert settings["blob_seed"] == 3 and settings["split_csv"] is None and "test_csv" not in settings
+    other = partition_settings(FederateConfig(dataset="blobs", clients=3, min_size=1, blob_seed=4))
+    assert other != settings
 
 
 def _help(capsys) -> str:
