@@ -91,10 +91,11 @@ def file_settings(args: argparse.Namespace) -> FileSettings:
     return FileSettings(fed, algo, tracking, typed(RunOptions, tables.get("run", {}), f"{where}: [run]"))
 
 
-def config_from(args: argparse.Namespace) -> FederateConfig:
-    """The FederateConfig of parsed flags over the --config file's values: every field and partition
-    setting that was given. The file's algorithm settings are dropped when a flag picks another --algo."""
-    file = file_settings(args)
+def config_from(args: argparse.Namespace, file: FileSettings | None = None) -> FederateConfig:
+    """The FederateConfig of parsed flags over the --config file's values (``file``, read here when not
+    given): every field and partition setting that was given. The file's algorithm settings are dropped
+    when a flag picks another --algo."""
+    file = file_settings(args) if file is None else file
     flags = settings_from(args, FederateConfig)
     for settings in plugin_settings_classes():
         flags.update(settings_from(args, settings))
@@ -122,11 +123,12 @@ def check_replayed_init(args: argparse.Namespace, init: str) -> None:
 
 def options_from(args: argparse.Namespace) -> tuple[FederateConfig, RunOptions]:
     """The run's config and options from parsed flags (the default --out named after the run)."""
-    cfg = config_from(args)
+    file = file_settings(args)  # the --config file, read once
+    cfg = config_from(args, file)
     check_replayed_init(args, cfg.init)
     spec = DATASETS[cfg.dataset]
     check_backbone(cfg.arch, cfg.width, cfg.input_size or cfg.crop_size or spec.input_size)
-    opts = RunOptions(**{**file_settings(args).run, **settings_from(args, RunOptions)})
+    opts = RunOptions(**{**file.run, **settings_from(args, RunOptions)})
     out = opts.out or Path(f"runs/{cfg.dataset}-{cfg.partition}-{cfg.algo}-s{cfg.seed}")
     return cfg, dataclasses.replace(opts, out=out)
 

@@ -27,5 +27,9 @@ def add_plugin_flags(parser: argparse.ArgumentParser, groups: dict | None = None
     that is a FederateConfig field, is one flag); a dataset's flag goes in its field's group."""
     seen = {f.name for f in dataclasses.fields(FederateConfig)}
     for settings in plugin_settings_classes():
+        for f in dataclasses.fields(settings) if groups is not None else ():  # a plugin's own help section
+            group = f.metadata.get("group")
+            if group and group not in groups:
+                groups[group] = parser.add_argument_group(group)
         add_settings(parser, settings, groups=groups, skip=tuple(seen))
         seen |= {f.name for f in dataclasses.fields(settings)}

@@ -145,6 +145,19 @@ def test_help_explains_every_flag(capsys):
         assert flag in text
 
 
+def test_a_plugin_setting_is_in_its_own_help_section_wherever_it_is_a_flag(capsys):
+    """A dataset's settings carry their help section (cityscapes: "segmentation (cityscapes)"); a parser
+    with sections gives them that one, not its general options (self-pre-training did, issue 39)."""
+    from federated.selfsup.cli import build_parser as self_pretrain
+
+    for parser in (main, lambda argv: self_pretrain().parse_args(argv)):
+        with pytest.raises(SystemExit):
+            parser(["--help"])
+        text = capsys.readouterr().out
+        section = text[text.index("\nsegmentation (cityscapes):"):]
+        assert "--crop-size" in section.split("\n\n")[0] and "--eval-size" in section.split("\n\n")[0]
+
+
 def test_divergence_stops_with_one_line_and_keeps_the_finished_rounds(tmp_path, capsys):
     code, _, err = _cli(["--out", tmp_path / "d", *TINY, "--lr", "1e12"], capsys)
     assert code == 1 and len(err.strip().splitlines()) == 1 and "loss became" in err
