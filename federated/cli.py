@@ -44,7 +44,7 @@ from pretrain.backbones import BackboneError, check_backbone
 from . import flower, runner
 from .datasets import DATASETS, DataError
 from .experiment import FederateConfig, RunOptions, merge
-from .flags import add_plugin_flags, plugin_settings_classes
+from .flags import add_plugin_flags, plugin_settings_classes, unread_settings
 from .flower import FlowerError
 from .initialisation import InitError, init_sha256
 from .local import DivergenceError
@@ -125,6 +125,9 @@ def options_from(args: argparse.Namespace) -> tuple[FederateConfig, RunOptions]:
     """The run's config and options from parsed flags (the default --out named after the run)."""
     file = file_settings(args)  # the --config file, read once
     cfg = config_from(args, file)
+    given = [k for cls in plugin_settings_classes() for k in settings_from(args, cls)]
+    for note in unread_settings(dict.fromkeys(given), cfg.partition, cfg.dataset):
+        print(f"federate: note: {note}", file=sys.stderr)
     check_replayed_init(args, cfg.init)
     spec = DATASETS[cfg.dataset]
     check_backbone(cfg.arch, cfg.width, cfg.input_size or cfg.crop_size or spec.input_size)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Iterable
 
 from fpsfl.base.cli import add_settings
 
@@ -33,3 +34,21 @@ def add_plugin_flags(parser: argparse.ArgumentParser, groups: dict | None = None
                 groups[group] = parser.add_argument_group(group)
         add_settings(parser, settings, groups=groups, skip=tuple(seen))
         seen |= {f.name for f in dataclasses.fields(settings)}
+
+
+def unread_settings(given: Iterable[str], partition: str, dataset: str) -> list[str]:
+    """A note for each plugin setting in ``given`` (flags typed by the user) that neither the run's
+    partition nor its dataset reads: ``--partition iid --alpha 0.5`` runs IID, and says so."""
+    owners: dict[str, list[str]] = {}
+    for name, cls in PARTITIONS.items():
+        for f in dataclasses.fields(cls.Config):
+            owners.setdefault(f.name, []).append(f"--partition {name}")
+    for name, spec in DATASETS.items():
+        for f in dataclasses.fields(spec.settings):
+            owners.setdefault(f.name, []).append(f"--dataset {name}")
+    read = {f.name for f in dataclasses.fields(PARTITIONS[partition].Config)}
+    read |= {f.name for f in dataclasses.fields(DATASETS[dataset].settings)}
+    core = {f.name for f in dataclasses.fields(FederateConfig)}
+    return [f"--{key.replace('_', '-')} is a setting of {' and '.join(owners[key])}; this run "
+            f"(--partition {partition}, --dataset {dataset}) does not read it"
+            for key in given if key in owners and key not in read | core]

@@ -158,6 +158,24 @@ def test_a_plugin_setting_is_in_its_own_help_section_wherever_it_is_a_flag(capsy
         assert "--crop-size" in section.split("\n\n")[0] and "--eval-size" in section.split("\n\n")[0]
 
 
+def test_a_plugin_flag_the_run_does_not_read_is_named(monkeypatch, capsys):
+    """--partition iid --alpha 0.5 runs IID: federate says --alpha is not read, in one note line, and
+    stays silent for settings the run's partition and dataset read (issue 39)."""
+    import federated.cli as cli
+    from federated.flags import unread_settings
+
+    monkeypatch.setattr(cli.runner, "run", lambda cfg, opts: [])
+    assert main(["--partition", "iid", "--alpha", "0.5", "--device", "cpu", "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "note:" in err[0] and "--alpha" in err[0] and "dirichlet" in err[0]
+    assert main(["--partition", "dirichlet", "--alpha", "0.5", "--device", "cpu", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert unread_settings(["split_csv", "alpha"], "dirichlet", "cifar10") == [
+        "--split-csv is a setting of --dataset inat-geo; this run (--partition dirichlet, --dataset cifar10) "
+        "does not read it"]
+    assert unread_settings(["split_csv", "rounds"], "natural", "inat-geo") == []
+
+
 def test_divergence_stops_with_one_line_and_keeps_the_finished_rounds(tmp_path, capsys):
     code, _, err = _cli(["--out", tmp_path / "d", *TINY, "--lr", "1e12"], capsys)
     assert code == 1 and len(err.strip().splitlines()) == 1 and "loss became" in err
