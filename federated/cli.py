@@ -43,8 +43,8 @@ from pretrain.backbones import BackboneError, check_backbone
 
 from . import flower, runner
 from .datasets import DATASETS, DataError
-from .experiment import FederateConfig, RunOptions, merge
-from .flags import add_plugin_flags, plugin_settings_classes, unread_settings
+from .experiment import FederateConfig, RunOptions, flat_settings, merge
+from .flags import add_plugin_flags, plugin_settings_classes, plugin_settings_from, unread_settings
 from .flower import FlowerError
 from .initialisation import InitError, init_sha256
 from .local import DivergenceError
@@ -81,7 +81,7 @@ def file_settings(args: argparse.Namespace) -> FileSettings:
         return FileSettings({}, {}, {}, {})
     tables = read_sections(path, ("federate", "algo", "run"), recorded=("algo", "init_sha256", "engine"))
     where = f"--config {path}"
-    plugin_tables = ("partition_args", "data_args")
+    plugin_tables = tuple(flat_settings())  # partition_args, data_args
     fed = typed([FederateConfig, *plugin_settings_classes()], tables.get("federate", {}),
                 f"{where}: [federate]", skip=("tracking", "algo_args", *plugin_tables))
     for table in plugin_tables:  # written as a table, plugin settings count as the flat keys (which win)
@@ -96,9 +96,7 @@ def config_from(args: argparse.Namespace, file: FileSettings | None = None) -> F
     given): every field and partition setting that was given. The file's algorithm settings are dropped
     when a flag picks another --algo."""
     file = file_settings(args) if file is None else file
-    flags = settings_from(args, FederateConfig)
-    for settings in plugin_settings_classes():
-        flags.update(settings_from(args, settings))
+    flags = {**settings_from(args, FederateConfig), **plugin_settings_from(args)}
     flags.update(algo_args=parse_settings(args.set), tracking=settings_from(args, TrackConfig))
     return merge({**file.federate, "algo_args": file.algo, "tracking": file.tracking}, flags)
 
@@ -125,8 +123,7 @@ def options_from(args: argparse.Namespace) -> tuple[FederateConfig, RunOptions]:
     """The run's config and options from parsed flags (the default --out named after the run)."""
     file = file_settings(args)  # the --config file, read once
     cfg = config_from(args, file)
-    given = [k for cls in plugin_settings_classes() for k in settings_from(args, cls)]
-    for note in unread_settings(dict.fromkeys(given), cfg.partition, cfg.dataset):
+    for note in unread_settings(plugin_settings_from(args), cfg.partition, cfg.dataset):
         print(f"federate: note: {note}", file=sys.stderr)
     check_replayed_init(args, cfg.init)
     spec = DATASETS[cfg.dataset]

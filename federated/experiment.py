@@ -130,7 +130,7 @@ class FederateConfig:
         """Keyword arguments: the fields, plus any registered partition's settings (``alpha=0.1``), which
         land in ``partition_args``, and any dataset's (``split_csv=...``), which land in ``data_args``;
         None for ``partition`` and ``arch`` means the dataset's default."""
-        for table, known in _flat_settings().items():
+        for table, known in flat_settings().items():
             given = {**values.pop(table, {}), **{k: values.pop(k) for k in list(values) if k in known}}
             values[table] = {k: given.get(k, f.default) for k, f in known.items()} | given
         init_fields(self, values)
@@ -146,7 +146,7 @@ class FederateConfig:
         registered after this was built."""
         if name.startswith("__") or name in ("partition_args", "data_args"):
             raise AttributeError(name)
-        for table, known in _flat_settings().items():
+        for table, known in flat_settings().items():
             if name in known:
                 return getattr(self, table).get(name, known[name].default)
         raise AttributeError(f"{type(self).__name__} has no field, partition setting or dataset setting "
@@ -197,7 +197,7 @@ class FederateConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> FederateConfig:
         """The config a run directory's ``config.json`` holds (its ``to_dict``), rebuilt."""
-        known = {f.name for f in fields(cls)}.union(*_flat_settings().values())
+        known = {f.name for f in fields(cls)}.union(*flat_settings().values())
         values = {k: v for k, v in values.items() if k in known}
         tracking = dict(values.pop("tracking", {}))
         tracking["track"] = tuple(tracking.get("track", ()))
@@ -207,13 +207,13 @@ class FederateConfig:
     def to_dict(self) -> dict[str, Any]:
         """The fully resolved config (preset lr, batch and optimiser), partition and dataset settings flat."""
         record = dataclasses.asdict(self)
-        for table in _flat_settings():
+        for table in flat_settings():
             record.update(record.pop(table))
         return {**record, "lr": self.resolved_lr(),
                 "batch_size": self.resolved_batch(), "optimizer": self.resolved_optimizer()}
 
 
-def _flat_settings() -> dict[str, dict[str, dataclasses.Field]]:
+def flat_settings() -> dict[str, dict[str, dataclasses.Field]]:
     """The plugin settings a FederateConfig takes flat, by the field that holds them: every registered
     partition's (``alpha``) and every dataset's (``split_csv``, ``crop_size``), each declared in its file."""
     return {"partition_args": setting_fields(), "data_args": dataset_settings()}

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 from collections.abc import Iterable
 
-from fpsfl.base.cli import add_settings
+from fpsfl.base.cli import add_settings, settings_from
 
 from .datasets import DATASETS
 from .experiment import FederateConfig
@@ -21,6 +21,11 @@ def plugin_settings_classes() -> list[type]:
     flags, which FederateConfig takes flat)."""
     classes = [cls.Config for cls in PARTITIONS.values()] + [spec.settings for spec in DATASETS.values()]
     return list(dict.fromkeys(classes))
+
+
+def plugin_settings_from(args: argparse.Namespace) -> dict:
+    """The partitions' and datasets' settings given on the command line, by name."""
+    return {k: v for cls in plugin_settings_classes() for k, v in settings_from(args, cls).items()}
 
 
 def add_plugin_flags(parser: argparse.ArgumentParser, groups: dict | None = None) -> None:

@@ -17,9 +17,7 @@ from typing import Any
 
 from fpsfl.base.settings import coerce, field_types
 
-from ..datasets import setting_fields as dataset_settings
-from ..experiment import FederateConfig, RunOptions, merge
-from ..partitions import setting_fields
+from ..experiment import FederateConfig, RunOptions, flat_settings, merge
 
 ALIASES = {"num-server-rounds": "rounds"}  # Flower's name for the round count
 # RunOptions' (not the result's)
@@ -31,7 +29,7 @@ NOT_HERE = {"tracking", "algo_args", "partition_args", "data_args"}  # nested: s
 def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig, RunOptions]:
     """federate's config and run options from a Flower run config (engine flower)."""
     cfg_types = {k: v for k, v in field_types(FederateConfig).items() if k not in NOT_HERE}
-    plugin = {name: f.type for name, f in {**setting_fields(), **dataset_settings()}.items()}  # flat ones
+    plugin = {name: f.type for known in flat_settings().values() for name, f in known.items()}  # flat ones
     run_types = {k: v for k, v in field_types(RunOptions).items()
                  if k.replace("_", "-") in RUN_KEYS}
     values: dict[str, Any] = {}
@@ -66,8 +64,8 @@ def run_config_of(cfg: FederateConfig, opts: RunOptions) -> dict[str, Any]:
     """The run config that :func:`options_from_run_config` reads back as ``cfg`` and ``opts``: what
     ``federate --engine flower`` hands the app (None values left out: federate's defaults)."""
     record = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_HERE}
-    record.update(cfg.partition_args)
-    record.update(cfg.data_args)
+    for table in flat_settings():  # the partitions' and datasets' settings, flat as the CLI's flags
+        record.update(getattr(cfg, table))
     out: dict[str, Any] = {}
     for name, value in record.items():
         if value is None or value == ():

@@ -33,7 +33,7 @@ from pretrain.backbones import check_backbone
 
 from ..datasets import DATASETS
 from ..experiment import FederateConfig, merge
-from ..flags import add_plugin_flags, plugin_settings_classes
+from ..flags import add_plugin_flags, plugin_settings_from
 from . import FED_SSL
 from .config import DATA_FIELDS, SelfPretrainConfig, SelfPretrainOptions
 from .runner import run
@@ -45,8 +45,7 @@ def configs_from(args: argparse.Namespace) -> tuple[FederateConfig, SelfPretrain
     """The run's data/partition/model config, self-pre-training config and options from parsed flags."""
     values = settings_from(args, FederateConfig)
     values.pop("algo", None)  # --algo names the self-supervised method (SelfPretrainConfig), not federate's
-    for settings in plugin_settings_classes():
-        values.update(settings_from(args, settings))
+    values.update(plugin_settings_from(args))
     fed = merge(values)
     sp = SelfPretrainConfig(**settings_from(args, SelfPretrainConfig), algo_args=parse_settings(args.set))
     sp.method_config(fed.preset())  # unknown or out-of-range --set values fail before anything is written

@@ -23,7 +23,7 @@ from fpsfl.base.rundir import RunDir, RunDirError, lock_out
 from pretrain.backbones import create_backbone
 
 from ..datasets import ImageData
-from ..experiment import FederateConfig
+from ..experiment import FederateConfig, flat_settings
 from ..initialisation import check_init, init_sha256, initialise, resolve_init
 from ..local import DivergenceError
 from ..loop import check_resume, run_rounds
@@ -42,9 +42,9 @@ Host = Callable[[Callable[[Dispatch | None], list[dict]]], list[dict]]
 def data_config(fed: FederateConfig) -> dict:
     """The part of ``fed`` self-pre-training reads (:data:`DATA_FIELDS` and the partitions' and datasets'
     settings, flat)."""
-    full = fed.to_dict()  # the two tables of DATA_FIELDS' data group are flat there: their keys are read
-    return {k: full[k] for k in (*DATA_FIELDS, *fed.partition_args, *fed.data_args)
-            if k not in ("partition_args", "data_args")}
+    full, tables = fed.to_dict(), flat_settings()  # the tables (in DATA_FIELDS) are flat in to_dict
+    flat = (k for table in tables for k in getattr(fed, table))
+    return {k: full[k] for k in (*DATA_FIELDS, *flat) if k not in tables}
 
 
 def run(fed: FederateConfig, sp: SelfPretrainConfig, opts: SelfPretrainOptions, data: ImageData | None = None,
