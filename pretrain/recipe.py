@@ -100,7 +100,9 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         METHODS.lookup(self.method)
         check(self)
-        self.method_config()  # type-check the overrides now, not at step 1
+        # typed now, not at step 1, and kept typed: --set temperature=0.5 and the short recipe's 0.5 are one
+        # setting, so a run started either way resumes either way and records the number, not its text
+        object.__setattr__(self, "method_args", typed_method_args(self.method, self.method_args))
 
     def method_config(self) -> MethodConfig:
         """The method's config with ``method_args`` applied; unknown keys and bad types are errors."""
@@ -108,6 +110,13 @@ class PretrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def typed_method_args(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (a method's settings as --set, a config file or a recipe give them: text or typed) as the
+    method reads them; unknown keys and bad types are a one-line ValueError."""
+    typed = override(METHODS[method].Config, values, method)
+    return {key: getattr(typed, key) for key in values}
 
 
 RESUME_MODES = ("yes", "no", "auto")

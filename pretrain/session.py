@@ -11,14 +11,16 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
+from fpsfl.base.checkpoint import plain
 from fpsfl.base.rundir import RunDir, RunDirError, lock_out
 
 from . import distributed
-from .recipe import RunOptions
+from .recipe import RunOptions, typed_method_args
 
-# what a resumed run must share with the saved one: the recipe, the method's settings, and the data (the
-# bank's or image list's hash, the steps an epoch) that the same paths may no longer hold
-RESUME_COMPARE = ("pretrain", "method", "steps_per_epoch", "data")
+# what a resumed run must share with the saved one: the method's settings and the data (the bank's or image
+# list's hash, the steps an epoch) that the same paths may no longer hold; and the recipe, the ``pretrain``
+# table, which :func:`check_recipe` compares with its method settings typed
+RESUME_COMPARE = ("method", "steps_per_epoch", "data")
 
 
 def lock_run(run: RunDir, mode: str, opts: RunOptions, stack: ExitStack) -> bool:
@@ -65,12 +67,47 @@ def out_names(out: Path) -> re.Pattern:
 def start_run(run: RunDir, resume: bool, opts: RunOptions, config: dict, world: int) -> dict | None:
     """Rank 0: create the run, or load (and check) the state it resumes from; a run killed before its
     first state is started again."""
+    if resume:
+        check_recipe(run, config["pretrain"])
     if resume and run.has_state():
         return run.load_state(config, compare=RESUME_COMPARE)
     if resume:
         run.start_again(config, compare=RESUME_COMPARE)
     run.create(config, {**asdict(opts), "world_size": world} if world > 1 else opts)
     return None
+
+
+def check_recipe(run: RunDir, table: dict) -> None:
+    """``--resume``: the run's ``pretrain`` table (``table``, this command's) must be the saved one. Method
+    settings compare as the method types them: runs before issue 38's fix recorded ``--set temperature=0.5``
+    as the text "0.5", and the short recipe gives the number. A mismatch names each differing setting."""
+    saved = run.saved_config().get("pretrain")
+    if not isinstance(saved, dict):  # a record without one: the other checks decide
+        return
+    old, new = _flat(_typed(saved)), _flat(plain(table))
+    differs = [f"{k}: {old.get(k, '(unset)')!r} there, {new.get(k, '(unset)')!r} here"
+               for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+    if differs:
+        raise RunDirError(f"--resume: the pretrain config differs from the one in {run.config_path} "
+                          f"({'; '.join(differs)}); resume with the same settings or start a new run")
+
+
+def _typed(table: dict) -> dict:
+    """A saved ``pretrain`` table with its method settings typed (as they were when it ran, if this code
+    cannot type them: a renamed setting then differs, as it should)."""
+    try:
+        return plain({**table, "method_args": typed_method_args(table["method"], table["method_args"])})
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return plain(table)
+
+
+def _flat(table: dict) -> dict:
+    """``method_args`` spread as ``method_args.KEY`` beside the other keys: a mismatch names the setting."""
+    args = table.get("method_args")
+    if not isinstance(args, dict):
+        return table
+    return {**{k: v for k, v in table.items() if k != "method_args"},
+            **{f"method_args.{k}": v for k, v in args.items()}}
 
 
 def check_shared(run: RunDir, d: distributed.Dist) -> None:

@@ -3,6 +3,8 @@ for its own method, and flags and ``--set`` win over them."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import pretrain.cli as pcli
@@ -52,3 +54,34 @@ def test_a_recipes_settings_stay_off_another_method(monkeypatch, tmp_path):
     other = next(m for m in ("simsiam", "mocov2") if m != RECIPES[DEFAULT_RECIPE].method)
     cfg = _config(monkeypatch, tmp_path, "--method", other)
     assert cfg.method == other and cfg.method_args == {}
+
+
+def test_set_and_the_recipe_give_one_typed_setting(monkeypatch, tmp_path):
+    """``--set temperature=0.5`` is the default recipe's own setting, not the text "0.5" beside it."""
+    key, value = next(iter(RECIPES[DEFAULT_RECIPE].method_args.items()))
+    by_set = _config(monkeypatch, tmp_path, "--set", f"{key}={value}")
+    assert by_set.method_args == _config(monkeypatch, tmp_path).method_args == {key: value}
+    assert type(by_set.method_args[key]) is type(value)
+
+
+TINY = ["--epochs", "2", "--pairs-per-epoch", "64", "--batch-size", "32", "--quiet", "--device", "cpu"]
+
+
+def _run(tmp_path, capsys, *flags: str) -> tuple[int, str]:
+    code = pcli.main(["fps", *TINY, "--out", str(tmp_path / "a.ckpt"), *flags])
+    return code, capsys.readouterr().err
+
+
+def test_a_run_resumes_however_its_method_setting_was_spelled(tmp_path, capsys):
+    """A run started with ``--set temperature=0.5`` resumes under the recipe that gives 0.5, also from a
+    record written before the settings were typed (the text "0.5"); another value is refused, by name."""
+    key, value = next(iter(RECIPES[DEFAULT_RECIPE].method_args.items()))
+    assert _run(tmp_path, capsys, "--set", f"{key}={value}")[0] == 0
+    assert _run(tmp_path, capsys, "--resume") == (0, "")
+    record = tmp_path / "a.run" / "config.json"
+    saved = json.loads(record.read_text())
+    saved["config"]["pretrain"]["method_args"][key] = str(value)  # as runs before the fix recorded it
+    record.write_text(json.dumps(saved))
+    assert _run(tmp_path, capsys, "--resume") == (0, "")
+    code, err = _run(tmp_path, capsys, "--resume", "--set", f"{key}={value * 2}")
+    assert code == 2 and f"method_args.{key}: {value!r} there, {value * 2!r} here" in err
