@@ -162,7 +162,10 @@ class FederateConfig:
         if self.tracking.data == "val" and self.val_fraction <= 0:
             raise ValueError("--convex-data val needs a validation split; set --val-fraction above 0")
         self.partition_config()
-        self.algo_config()
+        # typed, and kept typed: --set mu=0.01, --set mu=0.010 and a file's mu = 0.01 are one setting (a run
+        # started with one resumes with another, and config.json records the number, not its text)
+        self.algo_config()  # the preset's settings and these together
+        object.__setattr__(self, "algo_args", typed_algo_args(self.algo, self.algo_args))
         for name in DATASETS:  # every dataset's settings checked, as every partition's are
             own_settings(DataConfig(name, options=self.data_args))
 
@@ -211,6 +214,22 @@ class FederateConfig:
             record.update(record.pop(table))
         return {**record, "lr": self.resolved_lr(),
                 "batch_size": self.resolved_batch(), "optimizer": self.resolved_optimizer()}
+
+
+def typed_algo_args(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (an algorithm's --set settings: text, or typed by a config file) as the algorithm reads
+    them; unknown keys and bad types are a one-line ValueError."""
+    typed = override(ALGORITHMS.lookup(algo).Config, values, algo)
+    return {key: getattr(typed, key) for key in values}
+
+
+def typed_record(record: Any) -> Any:
+    """A saved ``federate`` table with its ``algo_args`` typed (runs before issue 38's fix recorded --set
+    values as text); as it is where this code cannot type them, which then differ, as they should."""
+    try:
+        return {**record, "algo_args": typed_algo_args(record["algo"], record["algo_args"])}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return record
 
 
 def flat_settings() -> dict[str, dict[str, dataclasses.Field]]:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -85,23 +86,38 @@ def run_rounds(work: RoundWork, start: int, rundir: RunDir, *, progress: bool, l
     return rows
 
 
-def check_resume(rundir: RunDir, config: dict, parts: tuple[str, ...], init: str) -> None:
+def check_resume(rundir: RunDir, config: dict, parts: tuple[str, ...], init: str,
+                 typed: Mapping[str, Callable[[Any], Any]] | None = None) -> None:
     """Refuse (one line) a --resume whose settings differ from the saved run's in any of the config's
-    ``parts`` (an older run's record brought to today's format first, :mod:`fpsfl.base.migrate`). The --init
-    path is not compared (the state holds the model) but its sha256 is: a moved init file resumes, another of
-    that name does not."""
+    ``parts`` (an older run's record brought to today's format first, :mod:`fpsfl.base.migrate`; ``typed``:
+    a function per part that types what an older run recorded as text). The --init path is not compared
+    (the state holds the model) but its sha256 is: a moved init file resumes, another of that name does
+    not."""
     saved, mine = rundir.saved_config(), plain(config)
     for part in parts:
         a, b = saved.get(part), mine[part]
+        if part in (typed or {}):
+            a = plain((typed or {})[part](a))
         if isinstance(b, dict) and (a is None or isinstance(a, dict)):
             a = {k: v for k, v in (a or {}).items() if k != "init"}
             b = {k: v for k, v in b.items() if k != "init"}
         if a != b:
-            changed = (sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-                       if isinstance(a, dict) and isinstance(b, dict) else [part])
+            changed = _changed(a, b) if isinstance(a, dict) and isinstance(b, dict) else [part]
             raise RunDirError(f"--resume: {', '.join(changed)} differ(s) from the run in "
                               f"{rundir.config_path}; resume with the same settings or start a new run")
     recorded, now = saved.get("init_sha256"), mine["init_sha256"]
     if recorded and now and recorded != now:
         raise RunDirError(f"--resume: --init {init} is not the file this run started from (its sha256 "
                           f"differs from the one in {rundir.config_path})")
+
+
+def _changed(a: dict, b: dict) -> list[str]:
+    """The keys whose values differ, a table's own keys named inside it (``algo_args.mu``)."""
+    out = []
+    for key in sorted(a.keys() | b.keys()):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += [f"{key}.{k}" for k in sorted(x.keys() | y.keys()) if x.get(k) != y.get(k)]
+        elif x != y:
+            out.append(key)
+    return out

@@ -22,7 +22,7 @@ from fpsfl.base.rundir import RunDir, RunDirError
 
 from .centralised import Centralised
 from .datasets import DATASETS, ImageData
-from .experiment import FederateConfig, RunOptions
+from .experiment import FederateConfig, RunOptions, typed_record
 from .initialisation import (
     InitSource,
     check_init,
@@ -177,7 +177,7 @@ class _Supervised:
 
 def _check_settings(rundir: RunDir, config: dict, cfg: FederateConfig) -> None:
     """Refuse a --resume with other federate or algorithm settings than the saved run's."""
-    check_resume(rundir, config, ("federate", "algo"), cfg.init)
+    check_resume(rundir, config, ("federate", "algo"), cfg.init, typed={"federate": typed_record})
 
 
 def _check_engine(rundir: RunDir, engine: str, algo: str) -> None:

@@ -235,3 +235,20 @@ def test_the_loader_settings_are_the_data_group():
     assert data_group <= set(DATA_FIELDS)
     cfg = FederateConfig(data_root="x", decode="memory", verify=False, val_fraction=0.1, seed=4)
     assert (data_config(cfg).root, data_config(cfg).decode, data_config(cfg).seed) == ("x", "memory", 4)
+
+
+def test_a_run_resumes_however_its_algorithm_setting_was_spelled(tmp_path, capsys):
+    """``--set mu=0.01``, ``--set mu=0.010`` and a file's ``mu = 0.01`` are one setting: the run resumes
+    with any of them, also from a record written before settings were typed (the text "0.01"); another
+    value is refused, by name."""
+    run = ["--out", tmp_path / "d", *TINY, "--algo", "fedprox"]
+    assert _cli([*run, "--set", "mu=0.01"], capsys)[0] == 0
+    record = tmp_path / "d" / "config.json"
+    saved = json.loads(record.read_text())
+    assert saved["config"]["federate"]["algo_args"] == {"mu": 0.01}
+    assert _cli([*run, "--set", "mu=0.010", "--resume"], capsys)[0] == 0
+    saved["config"]["federate"]["algo_args"]["mu"] = "0.01"  # as runs before the fix recorded it
+    record.write_text(json.dumps(saved))
+    assert _cli([*run, "--set", "mu=1e-2", "--resume"], capsys)[0] == 0
+    code, _, err = _cli([*run, "--set", "mu=0.02", "--resume"], capsys)
+    assert code == 2 and "algo_args.mu differ" in err
