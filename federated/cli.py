@@ -172,14 +172,15 @@ def build_export_parser() -> argparse.ArgumentParser:
         "training set) and manifest.json (the settings, client sizes and each shard's "
         "sha256). A Flower SuperNode started with --node-config \"partition-id=I "
         "data-dir=DIR\" then loads only shard I (docs/flower.md).", 100))
+    groups = {name: p.add_argument_group(name) for name in ("data", "partition", "run")}
     data_fields = tuple(f.name for f in dataclasses.fields(FederateConfig)
                         if f.metadata.get("group") in ("data", "partition")) + ("seed",)
-    add_settings(p, FederateConfig, only=tuple(n for n in data_fields if n != "input_size"))
-    add_plugin_flags(p)
-    p.add_argument("--out", type=nonempty(Path), required=True, metavar="DIR",
-                   help="directory for the shards and the manifest (created; one that holds a manifest is "
-                        "refused)")
-    p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
+    add_settings(p, FederateConfig, groups=groups, only=tuple(n for n in data_fields if n != "input_size"))
+    add_plugin_flags(p, groups)
+    groups["run"].add_argument("--out", type=nonempty(Path), required=True, metavar="DIR",
+                               help="directory for the shards and the manifest (created; one that holds a "
+                                    "manifest is refused)")
+    groups["run"].add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(run=cmd_export, set=[])
     return p
 

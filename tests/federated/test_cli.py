@@ -158,6 +158,22 @@ def test_a_plugin_setting_is_in_its_own_help_section_wherever_it_is_a_flag(capsy
         assert "--crop-size" in section.split("\n\n")[0] and "--eval-size" in section.split("\n\n")[0]
 
 
+def test_export_partitions_help_has_sections(capsys):
+    """``federate export-partitions --help`` groups its flags as ``federate --help`` does: a partition's
+    settings under partition, a dataset's under its own section, the seed and --out under run."""
+    with pytest.raises(SystemExit):
+        main(["export-partitions", "--help"])
+    text = capsys.readouterr().out
+
+    def section(name):
+        return text[text.index(f"\n\n{name}:\n") + 2:].split("\n\n")[0]
+
+    assert "--dataset" in section("data") and "--alpha" in section("partition")
+    assert all(flag in section("run") for flag in ("--seed", "--out", "--quiet"))
+    assert "--crop-size" in section("segmentation (cityscapes)")
+    assert "--alpha" not in section("options")
+
+
 def test_a_plugin_flag_the_run_does_not_read_is_named(monkeypatch, capsys):
     """--partition iid --alpha 0.5 runs IID: federate says --alpha is not read, in one note line, and
     stays silent for settings the run's partition and dataset read (issue 39)."""
