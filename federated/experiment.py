@@ -23,7 +23,7 @@ from typing import Any
 
 from fpsfl.base.cli import comma_list
 from fpsfl.base.rundir import RunFlags
-from fpsfl.base.settings import check, init_fields, override, setting
+from fpsfl.base.settings import check, init_fields, override, setting, typed_overrides
 
 from .algorithms import ALGORITHMS, AlgoConfig
 from .datasets import DATASETS, DataConfig, DataError, Preset, own_settings
@@ -219,8 +219,7 @@ class FederateConfig:
 def typed_algo_args(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` (an algorithm's --set settings: text, or typed by a config file) as the algorithm reads
     them; unknown keys and bad types are a one-line ValueError."""
-    typed = override(ALGORITHMS.lookup(algo).Config, values, algo)
-    return {key: getattr(typed, key) for key in values}
+    return typed_overrides(ALGORITHMS.lookup(algo).Config, values, algo)
 
 
 def typed_record(record: Any) -> Any:

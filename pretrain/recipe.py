@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from fpsfl.base.rundir import RunFlags
-from fpsfl.base.settings import check, override, setting
+from fpsfl.base.settings import check, override, setting, typed_overrides
 
 from .backbones import arch_names
 from .methods import METHODS, MethodConfig
@@ -115,8 +115,7 @@ class PretrainConfig:
 def typed_method_args(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` (a method's settings as --set, a config file or a recipe give them: text or typed) as the
     method reads them; unknown keys and bad types are a one-line ValueError."""
-    typed = override(METHODS[method].Config, values, method)
-    return {key: getattr(typed, key) for key in values}
+    return typed_overrides(METHODS[method].Config, values, method)
 
 
 RESUME_MODES = ("yes", "no", "auto")

@@ -163,6 +163,13 @@ def override(cls: type, values: Mapping[str, Any], owner: str) -> Any:
         raise ValueError(f"{owner}: {exc}") from None
 
 
+def typed_overrides(cls: type, values: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """``values`` (settings as --set, a config file or a recipe give them: text or typed) as ``cls`` types
+    them, the same keys; checked as :func:`override` checks them (one-line ValueError)."""
+    typed = override(cls, values, owner)
+    return {key: getattr(typed, key) for key in values}
+
+
 def init_fields(obj: Any, values: Mapping[str, Any]) -> None:
     """Set every field of the frozen dataclass ``obj`` from ``values`` or its default: the body of a
     hand-written ``__init__`` (for configs that also accept keyword settings of plugins)."""
