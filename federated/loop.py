@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from fpsfl.base.checkpoint import plain
+from fpsfl.base.checkpoint import differences, plain
 from fpsfl.base.rundir import RunDir, RunDirError
 
 from .local import DivergenceError
@@ -102,7 +102,8 @@ def check_resume(rundir: RunDir, config: dict, parts: tuple[str, ...], init: str
             a = {k: v for k, v in (a or {}).items() if k != "init"}
             b = {k: v for k, v in b.items() if k != "init"}
         if a != b:
-            changed = _changed(a, b) if isinstance(a, dict) and isinstance(b, dict) else [part]
+            changed = ([k for k, _, _ in differences(a, b)] if isinstance(a, dict) and isinstance(b, dict)
+                       else [part])
             raise RunDirError(f"--resume: {', '.join(changed)} differ(s) from the run in "
                               f"{rundir.config_path}; resume with the same settings or start a new run")
     recorded, now = saved.get("init_sha256"), mine["init_sha256"]
@@ -110,14 +111,3 @@ def check_resume(rundir: RunDir, config: dict, parts: tuple[str, ...], init: str
         raise RunDirError(f"--resume: --init {init} is not the file this run started from (its sha256 "
                           f"differs from the one in {rundir.config_path})")
 
-
-def _changed(a: dict, b: dict) -> list[str]:
-    """The keys whose values differ, a table's own keys named inside it (``algo_args.mu``)."""
-    out = []
-    for key in sorted(a.keys() | b.keys()):
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, dict) and isinstance(y, dict):
-            out += [f"{key}.{k}" for k in sorted(x.keys() | y.keys()) if x.get(k) != y.get(k)]
-        elif x != y:
-            out.append(key)
-    return out

@@ -11,7 +11,7 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
-from fpsfl.base.checkpoint import plain
+from fpsfl.base.checkpoint import differences, plain
 from fpsfl.base.rundir import RunDir, RunDirError, lock_out
 
 from . import distributed
@@ -84,9 +84,7 @@ def check_recipe(run: RunDir, table: dict) -> None:
     saved = run.saved_config().get("pretrain")
     if not isinstance(saved, dict):  # a record without one: the other checks decide
         return
-    old, new = _flat(_typed(saved)), _flat(plain(table))
-    differs = [f"{k}: {old.get(k, '(unset)')!r} there, {new.get(k, '(unset)')!r} here"
-               for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+    differs = [f"{k}: {a!r} there, {b!r} here" for k, a, b in differences(_typed(saved), plain(table))]
     if differs:
         raise RunDirError(f"--resume: the pretrain config differs from the one in {run.config_path} "
                           f"({'; '.join(differs)}); resume with the same settings or start a new run")
@@ -99,15 +97,6 @@ def _typed(table: dict) -> dict:
         return plain({**table, "method_args": typed_method_args(table["method"], table["method_args"])})
     except (KeyError, TypeError, ValueError, AttributeError):
         return plain(table)
-
-
-def _flat(table: dict) -> dict:
-    """``method_args`` spread as ``method_args.KEY`` beside the other keys: a mismatch names the setting."""
-    args = table.get("method_args")
-    if not isinstance(args, dict):
-        return table
-    return {**{k: v for k, v in table.items() if k != "method_args"},
-            **{f"method_args.{k}": v for k, v in args.items()}}
 
 
 def check_shared(run: RunDir, d: distributed.Dist) -> None:

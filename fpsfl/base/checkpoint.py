@@ -41,6 +41,23 @@ def plain(value: Any) -> Any:
     return value
 
 
+UNSET = "(unset)"  # how :func:`differences` shows a key one side lacks
+
+
+def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """``(key, old value, new value)`` for each key whose values differ, sorted, a table's own keys named
+    inside it (``algo_args.mu``); a key one side lacks has :data:`UNSET` there. For a refused --resume to
+    name what changed."""
+    out = []
+    for key in sorted(old.keys() | new.keys()):
+        x, y = old.get(key, UNSET), new.get(key, UNSET)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += [(f"{key}.{k}", a, b) for k, a, b in differences(x, y)]
+        elif x != y:
+            out.append((key, x, y))
+    return out
+
+
 def make_checkpoint(backbone: nn.Module, *, arch: str, width: float, method: str, source: str, epoch: int,
                     config: dict) -> dict:
     """The checkpoint dict of ``backbone`` (tensors detached and moved to CPU)."""
