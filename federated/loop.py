@@ -93,11 +93,11 @@ def check_resume(rundir: RunDir, config: dict, parts: tuple[str, ...], init: str
     a function per part that types what an older run recorded as text). The --init path is not compared
     (the state holds the model) but its sha256 is: a moved init file resumes, another of that name does
     not."""
-    saved, mine = rundir.saved_config(), plain(config)
+    saved, mine, typed = rundir.saved_config(), plain(config), typed or {}
     for part in parts:
         a, b = saved.get(part), mine[part]
-        if part in (typed or {}):
-            a = plain((typed or {})[part](a))
+        if part in typed:
+            a = plain(typed[part](a))
         if isinstance(b, dict) and (a is None or isinstance(a, dict)):
             a = {k: v for k, v in (a or {}).items() if k != "init"}
             b = {k: v for k, v in b.items() if k != "init"}
@@ -110,4 +110,3 @@ def check_resume(rundir: RunDir, config: dict, parts: tuple[str, ...], init: str
     if recorded and now and recorded != now:
         raise RunDirError(f"--resume: --init {init} is not the file this run started from (its sha256 "
                           f"differs from the one in {rundir.config_path})")
-
