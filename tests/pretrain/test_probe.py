@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from analysis.cli import main as analyze
 from pretrain.cli import main as pretrain
-from pretrain.probe import digits, knn_predict, linear_accuracy
+from pretrain.probe import digits, knn_predict, linear_accuracy, standard_error
 
 
 def _slow_knn(train_f, train_y, test_f, n_classes, k, temperature):
@@ -42,6 +42,14 @@ def test_linear_probe_separates_separable_features():
     assert linear_accuracy(f[:60], y[:60], f[60:], y[60:]) == 1.0
 
 
+def test_standard_error_is_the_spread_of_accuracies_over_test_draws():
+    g = torch.Generator().manual_seed(2)
+    for p, n in ((0.27, 509), (0.9, 360), (0.5, 50)):
+        accuracies = (torch.rand(20000, n, generator=g, dtype=torch.float64) < p).double().mean(1)
+        assert float(accuracies.std()) == pytest.approx(standard_error(p, n), rel=0.03)
+    assert standard_error(1.0, 509) == 0 and standard_error(0.27, 509) == pytest.approx(0.0197, abs=1e-4)
+
+
 def test_digits_is_the_federate_split():
     train_x, train_y, test_x, test_y = digits(32)
     assert train_x.shape == (1437, 32, 32, 3) and test_x.shape == (360, 32, 32, 3)
@@ -63,7 +71,11 @@ def test_pretrain_logs_the_probe_and_analyze_probes_the_checkpoint(tmp_path, cap
     (row,) = record["rows"]
     assert row["input_size"] == 16 and row["arch"] == "resnet20"
     assert 0.1 <= row["random_init"]["knn_acc"] <= 1 and 0 <= row["probe"]["linear_acc"] <= 1
-    assert "random init" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "random init" in printed
+    # the gain is against the random mean, and the sampling line gives the test set's own error (digits: 360)
+    assert row["gain"]["knn_acc"] == pytest.approx(row["probe"]["knn_acc"] - row["random_init"]["knn_acc"])
+    assert record["n_test"] == 360 and "on these 360 test images" in printed
 
 
 def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, capsys):
