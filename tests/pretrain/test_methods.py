@@ -76,6 +76,19 @@ def test_moco_momentum_update_moves_keys_towards_queries():
     assert torch.allclose(k_param, before + 0.5)
 
 
+def test_moco_head_bn_centres_a_shared_offset_and_is_off_by_default():
+    """MoCo-v2's head has no BatchNorm (official); ``head_bn`` puts one after the hidden layer, so features
+    that share a large offset (post-ReLU features of a random init) reach the head's output spread out."""
+    torch.manual_seed(0)
+    plain = MoCoV2(_tiny_backbone(), MoCoV2Config(hidden_dim=16, bank_size=16))
+    with_bn = MoCoV2(_tiny_backbone(), MoCoV2Config(hidden_dim=16, bank_size=16, head_bn=True))
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in plain.head.modules())
+    assert [type(m) for m in with_bn.head.modules() if isinstance(m, torch.nn.BatchNorm1d)] == [
+        torch.nn.BatchNorm1d]
+    f = 10 + 0.1 * torch.randn(64, plain.backbone.feature_dim)  # one direction plus a little spread
+    assert feature_std(with_bn.head(f)).item() > 5 * feature_std(plain.head(f)).item()
+
+
 def test_feature_std_signals_collapse():
     assert feature_std(torch.ones(8, 4) * 3).item() == pytest.approx(0.0, abs=1e-7)
     eye = torch.eye(4).repeat(2, 1)  # rows spread over the axes: std of a column of [1,0,0,0]x2
