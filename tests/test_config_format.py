@@ -167,6 +167,28 @@ def test_every_entry_point_builds_its_config_through_merge(entry, monkeypatch):
     assert len(calls) == 1 and any(layer.get("rounds") == 3 for layer in calls[0])
 
 
+def test_a_moco_run_written_before_head_bn_resumes(tmp_path, capsys, monkeypatch):
+    """MoCo-v2's head_bn came in format 3; a format-2 run's method table lacks it, and --resume compares
+    that table whole, so without the step every earlier MoCo-v2 run was refused."""
+    import dataclasses
+
+    import pretrain.cli as pcli
+
+    out, train = tmp_path / "m.ckpt", pcli.train
+    args = ["fps", *PRE, "--epochs", "2", "--pairs-per-epoch", "16", "--method", "mocov2", "--set",
+            "hidden_dim=8", "--set", "bank_size=32", "--out", str(out)]
+    with monkeypatch.context() as mp:  # killed after its first epoch
+        mp.setattr(pcli, "train", lambda cfg, opts: train(cfg, dataclasses.replace(opts, stop_after=1)))
+        assert pretrain(args) == 0
+    data = _record(tmp_path / "m.run")
+    data["config_format"] = 2
+    del data["config"]["method"]["head_bn"]
+    (tmp_path / "m.run" / "config.json").write_text(json.dumps(data))
+    assert migrate(data, "config.json")["config"]["method"]["head_bn"] is False
+    assert pretrain([*args, "--resume"]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "m.run" / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] == 2
+
+
 def test_every_older_format_has_its_step():
     from fpsfl.base.migrate import STEPS
 
