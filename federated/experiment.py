@@ -23,7 +23,7 @@ from typing import Any
 
 from fpsfl.base.cli import comma_list
 from fpsfl.base.rundir import RunFlags
-from fpsfl.base.settings import check, init_fields, override, setting, typed_overrides
+from fpsfl.base.settings import check, init_fields, override, setting, typed_overrides, typed_table
 
 from .algorithms import ALGORITHMS, AlgoConfig
 from .datasets import DATASETS, DataConfig, DataError, Preset, own_settings
@@ -225,10 +225,7 @@ def typed_algo_args(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:
 def typed_record(record: Any) -> Any:
     """A saved ``federate`` table with its ``algo_args`` typed (runs before issue 38's fix recorded --set
     values as text); as it is where this code cannot type them, which then differ, as they should."""
-    try:
-        return {**record, "algo_args": typed_algo_args(record["algo"], record["algo_args"])}
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return record
+    return typed_table(record, "algo", "algo_args", typed_algo_args)
 
 
 def flat_settings() -> dict[str, dict[str, dataclasses.Field]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fpsfl.base.checkpoint import differences, plain
 from fpsfl.base.rundir import RunDir, RunDirError, lock_out
+from fpsfl.base.settings import typed_table
 
 from . import distributed
 from .recipe import RunOptions, typed_method_args
@@ -93,10 +94,7 @@ def check_recipe(run: RunDir, table: dict) -> None:
 def _typed(table: dict) -> dict:
     """A saved ``pretrain`` table with its method settings typed (as they were when it ran, if this code
     cannot type them: a renamed setting then differs, as it should)."""
-    try:
-        return plain({**table, "method_args": typed_method_args(table["method"], table["method_args"])})
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return plain(table)
+    return plain(typed_table(table, "method", "method_args", typed_method_args))
 
 
 def check_shared(run: RunDir, d: distributed.Dist) -> None:

@@ -170,6 +170,16 @@ def typed_overrides(cls: type, values: Mapping[str, Any], owner: str) -> dict[st
     return {key: getattr(typed, key) for key in values}
 
 
+def typed_table(table: Any, kind: str, args: str, typer: Callable[[str, Mapping[str, Any]], dict]) -> Any:
+    """A saved record's table with its plugin's settings ``table[args]`` typed as ``typer(table[kind], ...)``
+    types them (runs before issue 38's fix recorded --set values as text); the table as it is where this
+    code cannot type them (a renamed setting, a plugin it lacks), which then differs, as it should."""
+    try:
+        return {**table, args: typer(table[kind], table[args])}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return table
+
+
 def init_fields(obj: Any, values: Mapping[str, Any]) -> None:
     """Set every field of the frozen dataclass ``obj`` from ``values`` or its default: the body of a
     hand-written ``__init__`` (for configs that also accept keyword settings of plugins)."""
