@@ -142,11 +142,11 @@ def _text(values: list[float], scale: float = 100) -> str:
 def cmd_budget(args: argparse.Namespace) -> None:
     runs = load_runs(args.runs) if args.runs else []
     check_checkpoints(args.checkpoints)
-    data = probe_data(args.dataset, args.data_root, args.seed)
+    data = probe_data(args.dataset, args.data_root, args.seed, args.folds)
     out = output_dir(args.out, runs, args.checkpoints, ("budget.png", "budget.json"), args.force)
     seeds = list(range(args.seed, args.seed + args.seeds))
     result = budget_points(args.checkpoints, runs, data, args.device, seeds, args.input_size, args.bn)
-    result["dataset"] = args.dataset
+    result["dataset"], result["folds"] = args.dataset, data.folds
     plot_budget(result, out / "budget.png", args.dataset)
     write_json(out / "budget.json", result)
     base = result["random_init"]

@@ -35,12 +35,25 @@ from .runs import AnalysisError
 RANDOM_SEEDS = 3  # random inits in the baseline (issue 38: a gain counts only against 3 seeds' spread)
 
 
-def probe_data(dataset: str, root: str | None, seed: int) -> ProbeData:
-    """A classification dataset of ``federate`` (its whole training and test sets) as probe data."""
+def probe_data(dataset: str, root: str | None, seed: int, folds: int = 0) -> ProbeData:
+    """A classification dataset of ``federate`` (its whole training and test sets) as probe data, scored on
+    its test split or by ``folds``-fold cross-validation over both."""
     data = load_dataset(DataConfig(name=dataset, root=root, val_fraction=0.0, seed=seed))
     if data.task != "classification":
         raise AnalysisError(f"a probe needs a classification dataset, not {dataset!r}")
-    return ProbeData(data.train_x, data.train_y, data.test_x, data.test_y, data.n_classes)
+    out = ProbeData(data.train_x, data.train_y, data.test_x, data.test_y, data.n_classes, folds)
+    try:
+        out.splits()  # refused here, before any checkpoint is probed
+    except ValueError as e:
+        raise AnalysisError(f"--folds: {e}") from None
+    return out
+
+
+def scored_text(data: ProbeData) -> str:
+    """Which images a probe's figures are scored on."""
+    if data.folds:
+        return f"over all {data.n_scored} train and test images ({data.folds}-fold cross-validation)"
+    return f"on these {data.n_scored} test images"
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -93,14 +106,14 @@ def baselines_for(rows: list[dict], data: ProbeData, device: torch.device, seeds
     return out
 
 
-def sampling_line(rows: list[dict], n_test: int) -> str:
-    """What the test set's size alone lets a figure move: the binomial standard error of the random
-    baseline's mean accuracies on ``n_test`` images (a 3-point gain on 509 images is 1.5 of them)."""
+def sampling_line(rows: list[dict], data: ProbeData) -> str:
+    """What the scored images' number alone lets a figure move: the binomial standard error of the random
+    baseline's mean accuracies on them (a 3-point gain on 509 test images is 1.5 of them)."""
     b = rows[0]["random_init"]
-    se = {k: 100 * standard_error(b[k], n_test) for k in ("knn_acc", "linear_acc")}
-    return (f"sampling error of one checkpoint's figure on these {n_test} test images (binomial, at the "
+    se = {k: 100 * standard_error(b[k], data.n_scored) for k in ("knn_acc", "linear_acc")}
+    return (f"sampling error of one checkpoint's figure scored {scored_text(data)} (binomial, at the "
             f"random inits' mean): kNN ±{se['knn_acc']:.1f}, linear ±{se['linear_acc']:.1f} points; a gain "
-            f"under twice that may be the test set's draw")
+            f"under twice that may be the images' draw")
 
 
 def check_checkpoints(paths: list[str]) -> None:
@@ -116,14 +129,14 @@ def _pm(mean: float, std: float) -> str:
 def cmd_probe(args: argparse.Namespace) -> None:
     check_checkpoints(args.checkpoints)
     device = resolve_device(args.device)
-    data = probe_data(args.dataset, args.data_root, args.seed)
+    data = probe_data(args.dataset, args.data_root, args.seed, args.folds)
     out = output_dir(args.out, [], args.checkpoints, ("probe.json",), args.force)
     seeds = list(range(args.seed, args.seed + args.seeds))
     rows = [probe_checkpoint(p, data, args.input_size, device, args.bn) for p in args.checkpoints]
     baselines_for(rows, data, device, seeds, args.bn)
     label = ("BatchNorm re-estimated on the probe's training images" if args.bn == "reestimate" else
              "eval mode: each backbone's own BatchNorm statistics, NOT a fair comparison")
-    print(f"probe on {args.dataset} ({label})")
+    print(f"probe on {args.dataset} ({label}; scored {scored_text(data)})")
     print(f"{'checkpoint':36s} {'kNN':>7s} {'linear':>7s} {'cos init':>9s}   random init "
           f"({len(seeds)} seeds): {'kNN':>11s} {'linear':>11s}")
     for r in rows:
@@ -134,9 +147,9 @@ def cmd_probe(args: argparse.Namespace) -> None:
               f"{_pm(b['linear_acc'], b['linear_acc_std'])}")
         if r["verdict"]:
             print(f"  {Path(r['checkpoint']).name}: {r['verdict']}")
-    print(sampling_line(rows, len(data.test_y)))
-    write_json(out / "probe.json", {"dataset": args.dataset, "bn": args.bn, "n_test": len(data.test_y),
-                                    "rows": rows})
+    print(sampling_line(rows, data))
+    write_json(out / "probe.json", {"dataset": args.dataset, "bn": args.bn, "folds": data.folds,
+                                    "n_test": data.n_scored, "rows": rows})
     print(f"wrote {out / 'probe.json'}")
 
 
@@ -156,6 +169,11 @@ def add_probe_flags(p: argparse.ArgumentParser) -> None:
                         "inits' included, re-estimated on the probe's training images before it is frozen; "
                         "eval: each keeps its own statistics (credits pre-training data statistics as "
                         "features)")
+    p.add_argument("--folds", type=COUNT, default=0, metavar="K",
+                   help="score by K-fold cross-validation over the dataset's training and test images "
+                        "pooled (stratified, the same folds for every backbone; BatchNorm re-estimated on "
+                        "each fold's training images): every image scored once, so a figure moves less "
+                        "with the draw (default: the test split alone)")
     p.add_argument("--device", type=TEXT, default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
 
 

@@ -78,6 +78,26 @@ def test_pretrain_logs_the_probe_and_analyze_probes_the_checkpoint(tmp_path, cap
     assert record["n_test"] == 360 and "on these 360 test images" in printed
 
 
+def test_analyze_probe_folds_scores_every_digit_and_refuses_one_fold(tmp_path, capsys):
+    out = tmp_path / "p.ckpt"
+    assert pretrain(["fps", "--arch", "resnet20", "--width", "0.25", "--size", "16", "--epochs", "1",
+                     "--pairs-per-epoch", "32", "--batch-size", "16", "--device", "cpu", "--quiet",
+                     "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert analyze(["probe", str(out), "--device", "cpu", "--seeds", "1", "--folds", "3",
+                    "--out", str(tmp_path / "an")]) == 0
+    record = json.loads((tmp_path / "an" / "probe.json").read_text())
+    printed = capsys.readouterr().out
+    assert record["folds"] == 3 and record["n_test"] == 1797  # digits' 1,437 train and 360 test images
+    assert "over all 1797 train and test images (3-fold cross-validation)" in printed
+    (row,) = record["rows"]
+    assert 0.1 <= row["probe"]["knn_acc"] <= 1 and 0.1 <= row["random_init"]["knn_acc"] <= 1
+    bad = ["probe", str(out), "--device", "cpu", "--folds", "1", "--out", str(tmp_path / "bad")]
+    assert analyze(bad) == 2
+    err = capsys.readouterr().err
+    assert "--folds" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, capsys):
     from federated.cli import main as federate
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -104,6 +105,42 @@ def test_fair_probe_gives_a_backbone_with_only_new_bn_statistics_nothing_over_ra
     # the backbone itself is untouched by the probe
     assert torch.equal(stats_only.layer1[0].bn1.running_var, _with_bn_stats(create_backbone("resnet20", 0.25),
                                                                           7).layer1[0].bn1.running_var)
+
+
+def test_folds_score_every_image_once_each_fold_stratified_and_the_same_folds_every_time():
+    data = replace(_data(96), folds=4)
+    splits = data.splits()
+    tests = torch.cat([s.test_x.reshape(len(s.test_x), -1) for s in splits])
+    pooled = torch.cat([data.train_x, data.test_x]).reshape(96, -1)
+    # every pooled image is a test image of exactly one fold (compared as rows, sorted)
+    assert data.n_scored == 96 and len(tests) == 96
+    assert torch.equal(torch.unique(tests, dim=0), torch.unique(pooled, dim=0))
+    for s in splits:  # 32 images a class split over 4 folds: 8 of each class in each test fold
+        assert torch.bincount(s.test_y, minlength=3).tolist() == [8, 8, 8] and len(s.train_y) == 72
+    assert all(torch.equal(a.test_y, b.test_y) and torch.equal(a.test_x, b.test_x)
+               for a, b in zip(splits, data.splits(), strict=True))
+    assert replace(data, folds=0).splits() == [replace(data, folds=0)] and _data().n_scored == 48
+    for bad in (1, 33):  # at least 2 folds, at most the smallest class's 32 images
+        with pytest.raises(ValueError, match="folds must be"):
+            replace(data, folds=bad).splits()
+
+
+def test_folded_probe_pools_each_fold_probed_fairly():
+    data = replace(_data(96), folds=3)
+    torch.manual_seed(3)
+    random = create_backbone("resnet20", 0.25)
+    stats_only = _with_bn_stats(create_backbone("resnet20", 0.25), 7)
+    stats_only.load_state_dict({**random.state_dict(), **{k: v for k, v in stats_only.state_dict().items()
+                                                         if "running" in k}})
+    # the pooled accuracy is the share of all 96 images right: each fold's accuracy weighted by its size
+    by_fold = [probe(random, s, 16) for s in data.splits()]
+    pooled = probe(random, data, 16)
+    for key in ("knn_acc", "linear_acc"):
+        assert pooled[key] == pytest.approx(sum(a[key] * len(s.test_y) for a, s in zip(by_fold, data.splits(),
+                                                                                      strict=True)) / 96)
+    assert pooled != probe(random, replace(data, folds=0), 16)  # not the test split's figure
+    # BatchNorm re-estimated on each fold's training images: new statistics alone still gain nothing
+    assert probe(stats_only, data, 16) == pooled
 
 
 def test_reestimated_statistics_are_the_data_statistics():
