@@ -330,3 +330,15 @@ def test_13_a_failed_first_epoch_leaves_no_run_directory_behind(tmp_path, capsys
     assert "3.png" in err and not (tmp_path / "i.run").exists()
     (root / "a" / "3.png").write_bytes(good)
     assert pretrain([str(a) for a in argv]) == 0  # the same command now runs
+
+
+def test_a_run_records_the_cpu_threads_its_sums_depend_on(tmp_path):
+    # on the CPU a step's sums depend on the thread count: the record says which one made the run
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            RunDir(tmp_path / str(n)).create({"a": 1}, {})
+            assert json.loads((tmp_path / str(n) / "config.json").read_text())["threads"] == n
+    finally:
+        torch.set_num_threads(before)
