@@ -249,9 +249,7 @@ class RunDir:
         record = {FORMAT_KEY: FORMAT, "config": plain(config), "run": plain({k: str(v) for k, v in
                   options.items()}), "code_version": code_version(), "torch": torch.__version__,
                   "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                  # on the CPU the sums of a step depend on it: a run replayed with another thread count
-                  # drifts from this one (pretrain: max |weight difference| 0.15 after 20 steps, 1 vs 2)
-                  "threads": torch.get_num_threads()}
+                  "threads": torch.get_num_threads()}  # a CPU step's sums depend on it (docs/pretraining.md)
         self._write_text(self.config_path, json.dumps(record, indent=2) + "\n")
         self._digest = None
         return 0
