@@ -43,7 +43,7 @@ def probe_data(dataset: str, root: str | None, seed: int, folds: int = 0) -> Pro
         raise AnalysisError(f"a probe needs a classification dataset, not {dataset!r}")
     out = ProbeData(data.train_x, data.train_y, data.test_x, data.test_y, data.n_classes, folds)
     try:
-        out.splits()  # refused here, before any checkpoint is probed
+        out.check_folds()  # refused here, before any checkpoint is probed
     except ValueError as e:
         raise AnalysisError(f"--folds: {e}") from None
     return out

@@ -48,6 +48,17 @@ class ProbeData:
         """Images whose predictions make the accuracy."""
         return len(self.test_y) + (len(self.train_y) if self.folds else 0)
 
+    def check_folds(self) -> None:
+        """A one-line ValueError unless ``folds`` is 0 or between 2 and the smallest class's pooled images
+        (stratified folds need an image of every class in each)."""
+        if not self.folds:
+            return
+        counts = torch.bincount(torch.cat([self.train_y, self.test_y]), minlength=self.n_classes)
+        smallest = int(counts[counts > 0].min())
+        if not 2 <= self.folds <= smallest:
+            raise ValueError(f"folds must be at least 2 and at most the smallest class's {smallest} images, "
+                             f"got {self.folds}")
+
     def splits(self) -> list[ProbeData]:
         """The (train, test) pairs scored: the split itself, or the stratified folds of the pooled images,
         drawn with seed 0 so that every backbone (random inits included) meets the same folds."""
@@ -55,12 +66,8 @@ class ProbeData:
             return [self]
         from sklearn.model_selection import StratifiedKFold
 
+        self.check_folds()
         x, y = torch.cat([self.train_x, self.test_x]), torch.cat([self.train_y, self.test_y])
-        counts = torch.bincount(y, minlength=self.n_classes)
-        smallest = int(counts[counts > 0].min())
-        if not 2 <= self.folds <= smallest:
-            raise ValueError(f"folds must be at least 2 and at most the smallest class's {smallest} images, "
-                             f"got {self.folds}")
         kfold = StratifiedKFold(self.folds, shuffle=True, random_state=0)
         return [ProbeData(x[tr], y[tr], x[te], y[te], self.n_classes)
                 for tr, te in kfold.split(np.zeros(len(y)), y.numpy())]
