@@ -70,7 +70,7 @@ def init_label(init: str) -> str:
 def _flat(cfg: Any) -> dict[str, Any]:
     """A config's settings by name, the partitions' and datasets' among them (FederateConfig keeps those
     apart)."""
-    values = {k: v for k, v in vars(cfg).items() if not k.startswith("_")}  # not the cached partition
+    values = cfg.settings()
     partition, data = values.pop("partition_args", {}), values.pop("data_args", {})
     return {**values, **partition, **data}
 

@@ -39,6 +39,7 @@ from fpsfl.base.cli import (
 )
 from fpsfl.base.configfile import read_sections, run_record, typed
 from fpsfl.base.rundir import RunDirError
+from fpsfl.base.settings import flat_fields
 from pretrain.backbones import BackboneError, check_backbone
 
 from . import flower, runner
@@ -64,6 +65,10 @@ GROUPS = {  # argparse sections of the generated flags, in order, with their not
 }
 
 
+# a --config file's [federate] may hold its settings in the groups' tables ([federate.training])
+GROUP_TABLES = {f.name: f.metadata["nested"] for f in dataclasses.fields(FederateConfig)}
+
+
 class FileSettings(NamedTuple):
     """The typed values of a --config file: [federate] (tracking apart), [algo] and [run]."""
 
@@ -82,8 +87,11 @@ def file_settings(args: argparse.Namespace) -> FileSettings:
     tables = read_sections(path, ("federate", "algo", "run"), recorded=("algo", "init_sha256", "engine"))
     where = f"--config {path}"
     plugin_tables = tuple(flat_settings())  # partition_args, data_args
+    inner = ("tracking", "algo_args", *plugin_tables)
     fed = typed([FederateConfig, *plugin_settings_classes()], tables.get("federate", {}),
-                f"{where}: [federate]", skip=("tracking", "algo_args", *plugin_tables))
+                f"{where}: [federate]", skip=(*inner, *GROUP_TABLES))
+    for name, cls in GROUP_TABLES.items():  # [federate.training] rounds = 5: a group's settings, read flat
+        fed = {**typed(cls, fed.pop(name, {}), f"{where}: [federate.{name}]", skip=inner), **fed}
     for table in plugin_tables:  # written as a table, plugin settings count as the flat keys (which win)
         fed = {**typed(plugin_settings_classes(), fed.pop(table, {}), f"{where}: [federate.{table}]"), **fed}
     tracking = typed(TrackConfig, fed.pop("tracking", {}), f"{where}: [federate.tracking]")
@@ -173,7 +181,7 @@ def build_export_parser() -> argparse.ArgumentParser:
         "sha256). A Flower SuperNode started with --node-config \"partition-id=I "
         "data-dir=DIR\" then loads only shard I (docs/flower.md).", 100))
     groups = {name: p.add_argument_group(name) for name in ("data", "partition", "run")}
-    data_fields = tuple(f.name for f in dataclasses.fields(FederateConfig)
+    data_fields = tuple(f.name for f in flat_fields(FederateConfig)
                         if f.metadata.get("group") in ("data", "partition")) + ("seed",)
     add_settings(p, FederateConfig, groups=groups, only=tuple(n for n in data_fields if n != "input_size"))
     add_plugin_flags(p, groups)
@@ -193,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
               for name, note in GROUPS.items()}
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="settings from a TOML file ([federate], [algo], [run] tables, keys named as the "
-                        "flags with underscores) or a run's config.json, which replays that run; flags given "
+                        "flags with underscores; [federate.training] and the other groups' tables may hold "
+                        "their settings) or a run's config.json, which replays that run; flags given "
                         "beside it win (docs/federated.md: config files)")
     add_settings(p, FederateConfig, groups=groups)
     add_plugin_flags(p, groups)

@@ -5,147 +5,84 @@ The default setting is the paper's: 10 clients, Dir(alpha = 0.3), full participa
 batch size and optimiser come from the dataset's preset (Table 9, declared in the dataset's file), and so do
 its default partition and architecture.
 
-Every field carries its help, unit, source and range (:func:`fpsfl.base.settings.setting`): ``federate``'s
-flags are generated from them. The partitions' own settings (``--alpha``, ``--labels-per-client``, ...) are
-declared in each partition's file, and the datasets' (``--split-csv``, ``--crop-size``) in each dataset's;
-:class:`FederateConfig` takes any registered partition's or dataset's settings as keyword arguments, keeps
-them in ``partition_args`` and ``data_args`` and writes them flat in ``config.json``, as before.
+The settings come in groups (:mod:`federated.groups`: data, partitioning, training, model, run), frozen
+dataclasses that :class:`FederateConfig` holds; every setting is also read by its flat name (``cfg.lr`` is
+``cfg.training.lr``), the name of its flag and its key in every file. Every field carries its help, unit,
+source and range (:func:`fpsfl.base.settings.setting`): ``federate``'s flags are generated from them
+(:func:`fpsfl.base.settings.flat_fields`). The partitions' own settings (``--alpha``,
+``--labels-per-client``, ...) are declared in each partition's file, and the datasets' (``--split-csv``,
+``--crop-size``) in each dataset's; :class:`FederateConfig` takes any registered partition's or dataset's
+settings as keyword arguments, keeps them in ``partition_args`` and ``data_args`` and writes them flat in
+``config.json``, as before.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fpsfl.base.cli import comma_list
 from fpsfl.base.rundir import RunFlags
-from fpsfl.base.settings import check, init_fields, override, setting, typed_overrides, typed_table
+from fpsfl.base.settings import check, group, override, setting, typed_overrides, typed_table
 
 from .algorithms import ALGORITHMS, AlgoConfig
 from .datasets import DATASETS, DataConfig, DataError, Preset, own_settings
 from .datasets import setting_fields as dataset_settings
+from .groups import DataGroup, ModelGroup, PartitionGroup, RunGroup, TrainingGroup
 from .oracle.tracking import TrackConfig
 from .partitions import PARTITIONS, PartitionConfig, PartitionError, default_min_size, setting_fields
 
 
-def _auto_int(text: str) -> int | None:
-    """``--client-batch auto`` (None) or a positive count."""
-    return None if text.strip().lower() == "auto" else int(text)
-
-
 @dataclass(frozen=True, init=False)
 class FederateConfig:
-    # data
-    dataset: str = setting("digits", lambda: " | ".join(DATASETS), group="data",
-                           default_text="digits, embedded, no download")
-    data_root: str | None = setting(None, "folder holding the dataset (docs/federated.md: datasets)",
-                                    group="data")
-    download: bool = setting(False, "let torchvision download CIFAR (needs a network)", group="data")
-    decode: str = setting("auto", "folder images held in memory or decoded from their files batch by batch "
-                                  "by DataLoader workers: auto (stream when they would take over half the "
-                                  "available memory, and inat-geo always) | memory | stream", group="data",
-                          choices=("auto", "memory", "stream"))
-    verify: bool = setting(True, "do not check CIFAR's files against their published md5 sums (for a "
-                                 "CIFAR-format folder that is not the published data, e.g. the recipes' "
-                                 "smoke data)",
-                           flag="--no-verify", group="data")
-    store_size: int | None = setting(None, "px side images are held at in memory", within="[1, inf)",
-                                     group="data", default_text="per dataset")
-    input_size: int | None = setting(None, "px side the model sees", within="[1, inf)", group="data",
-                                     default_text="32, or 224 for larger data")
-    val_fraction: float = setting(0.02, "held-out share of the training set (§4.2: 2% for tuning)",
-                                  within="[0, 0.5)", group="data")
-    data_args: dict[str, Any] = setting(default_factory=dict, cli=False, group="data")  # every dataset's own
-    # settings (split_csv, crop_size, ...), declared in its file, flat in config.json
-    # partition
-    partition: str | None = setting(None, lambda: " | ".join(PARTITIONS), group="partition",
-                                    default_text="natural for datasets with given clients (inat-geo, "
-                                                 "cityscapes), else dirichlet")
-    clients: int = setting(10, "number of clients (§4.2)", within="[1, inf)", group="partition")
-    min_size: int | None = setting(None, "samples every client must have", within="[1, inf)",
-                                   group="partition", default_text="10 (NIID-Bench); 1 for natural clients")
-    partition_args: dict[str, Any] = setting(default_factory=dict, cli=False)  # every partition's settings
-    # federated training
-    algo: str = setting("fedavg", lambda: " | ".join(ALGORITHMS), group="federated training")
-    algo_args: dict[str, Any] = setting(default_factory=dict, cli=False)  # --set overrides
-    participation: float = setting(1.0, "fraction of clients a round (§4.2: all)", within="(0, 1]",
-                                   group="federated training")
-    rounds: int = setting(100, "communication rounds (§4.2)", within="[1, inf)", group="federated training")
-    local_epochs: int = setting(5, "local epochs a round (§4.2)", within="[1, inf)",
-                                group="federated training")
-    lr: float | None = setting(None, "local learning rate", within="(0, inf)", group="federated training",
-                               default_text="the dataset's Table-9 preset")
-    batch_size: int | None = setting(None, "local batch; at least 2: BatchNorm trains on batch statistics (a "
-                                           "client of one sample still trains, docs/reliability.md)",
-                                     within="[2, inf)", group="federated training",
-                                     default_text="the dataset's Table-9 preset, e.g. 32 for CIFAR")
-    optimizer: str | None = setting(None, "local optimiser", choices=("sgd", "adam"),
-                                    group="federated training",
-                                    default_text="the dataset's preset: adam for cityscapes, sgd otherwise")
-    momentum: float = setting(0.9, "local SGD momentum (Appendix B.1)", within="[0, 1)",
-                              group="federated training")
-    weight_decay: float = setting(1e-4, "local weight decay (Appendix B.1)", within="[0, inf)",
-                                  group="federated training")
-    lr_decay: float = setting(0.1, "lr factor every --lr-decay-every rounds (Appendix B.1)", within="(0, 1]",
-                              group="federated training")
-    lr_decay_every: int = setting(30, "rounds between lr decays (Appendix B.1)", within="[1, inf)",
-                                  group="federated training")
-    bn: str = setting("global", "global: BatchNorm statistics averaged like parameters; local: kept per "
-                                "client", choices=("global", "local"), group="federated training")
-    client_batch: int | None = setting(None, "clients trained together as one vectorised model (torch.func "
-                                             "vmap); 1: one after another", parse=_auto_int,
-                                       within="[1, inf)", metavar="K", group="federated training",
-                                       default_text="auto: all of a round's clients on a GPU, 1 on a CPU, "
-                                                    "where more is refused: it cannot equal 1 there "
-                                                    "(docs/performance.md: Vectorised clients)")
-    amp: bool = setting(False, "bf16 autocast in local training and evaluation (for a GPU's tensor cores; "
-                               "results differ from float32 ones slightly)", group="federated training")
-    centralized: bool = setting(False, "train centrally on the union of the clients, rounds x local-epochs "
-                                       "epochs (the CL of ΔCL-FL, §4.2)", group="federated training")
-    # model
-    arch: str | None = setting(None, "backbone: see pretrain --help", group="model",
-                               default_text="resnet20 at 32 px, resnet18 at 224 px, mobilenet_v2 for "
-                                            "cityscapes, as in the paper")
-    width: float = setting(1.0, "CIFAR ResNet width multiplier (Fig. 5)", within="(0, inf)", group="model")
-    init: str = setting("random", "random | imagenet | places365:FILE (the Places365 project's "
-                                  "resnet18_places365.pth.tar) | fps-resnet20 (shipped) | PATH.ckpt from "
-                                  "pretrain", group="model")
-    init_format: str = setting("fpsfl", "torchvision: --init is a plain state dict (e.g. Places365 weights)",
-                               choices=("fpsfl", "torchvision"), group="model")
-    # run
-    seed: int = setting(0, "seed of partition, init, sampling and data order", within="[0, inf)", group="run")
-    eval_local: bool = setting(True, "skip testing each local model before aggregation (faster; no local_acc "
-                                     "metric, which the ΔL/ΔG analysis needs)", flag="--no-eval-local",
-                               group="run")
-    save_local_models: tuple[int, ...] = setting((), "keep every client's model of these rounds (for "
-                                                     "analysis), e.g. 10,50", parse=comma_list(int),
-                                                 metavar="R1,R2", within="[1, inf)", group="run")
-    tracking: TrackConfig = setting(default_factory=TrackConfig, cli=False)  # per-round analyses (§6.2)
+    data: DataGroup = group(DataGroup, "the dataset and how it is loaded")
+    partitioning: PartitionGroup = group(PartitionGroup, "the clients and how the data is split")
+    training: TrainingGroup = group(TrainingGroup, "the FL algorithm and local training")
+    model: ModelGroup = group(ModelGroup, "the backbone and its initial weights")
+    run: RunGroup = group(RunGroup, "seed, evaluation and what the run keeps")
 
     def __init__(self, **values: Any) -> None:
-        """Keyword arguments: the fields, plus any registered partition's settings (``alpha=0.1``), which
-        land in ``partition_args``, and any dataset's (``split_csv=...``), which land in ``data_args``;
-        None for ``partition`` and ``arch`` means the dataset's default."""
+        """Keyword arguments: the groups (``training=TrainingGroup(...)``) and any setting by its flat
+        name (``rounds=5``), which wins over its group's; any registered partition's settings (``alpha=0.1``)
+        land in ``partition_args`` and any dataset's (``split_csv=...``) in ``data_args``. None for
+        ``partition`` and ``arch`` means the dataset's default."""
+        owner = _owners()
+        by_group = {g: dict(vars(values.pop(g))) if g in values else {} for g in set(owner.values())}
         for table, known in flat_settings().items():
-            given = {**values.pop(table, {}), **{k: values.pop(k) for k in list(values) if k in known}}
-            values[table] = {k: given.get(k, f.default) for k, f in known.items()} | given
-        init_fields(self, values)
+            given = {**(values.pop(table, None) or by_group[owner[table]].get(table) or {}),
+                     **{k: values.pop(k) for k in list(values) if k in known}}
+            by_group[owner[table]][table] = {k: given.get(k, f.default) for k, f in known.items()} | given
+        unknown = sorted(set(values) - set(owner))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unexpected settings: {', '.join(unknown)}")
+        for name, value in values.items():
+            by_group[owner[name]][name] = value
+        for f in fields(self):
+            object.__setattr__(self, f.name, f.metadata["nested"](**by_group[f.name]))
         spec = DATASETS.lookup(self.dataset, DataError)
         if self.partition is None:
-            object.__setattr__(self, "partition", spec.default_partition)
+            self._set(partition=spec.default_partition)
         if self.arch is None:
-            object.__setattr__(self, "arch", spec.default_arch)
+            self._set(arch=spec.default_arch)
         self.__post_init__()
+
+    def _set(self, **values: Any) -> None:
+        """Settings replaced in their groups, while the config is being built (it is frozen after)."""
+        owner = _owners()
+        for name, value in values.items():
+            held = getattr(self, owner[name])
+            object.__setattr__(self, owner[name], dataclasses.replace(held, **{name: value}))
 
     def __getattr__(self, name: str) -> Any:
         """A partition's or dataset's setting (``cfg.alpha``, ``cfg.crop_size``), including one a plugin
         registered after this was built."""
-        if name.startswith("__") or name in ("partition_args", "data_args"):
-            raise AttributeError(name)
+        if name.startswith("__") or name in _owners() or name in _GROUPS:
+            raise AttributeError(name)  # not built yet (unpickling): no group to read from
         for table, known in flat_settings().items():
             if name in known:
                 return getattr(self, table).get(name, known[name].default)
@@ -165,7 +102,7 @@ class FederateConfig:
         # typed, and kept typed: --set mu=0.01, --set mu=0.010 and a file's mu = 0.01 are one setting (a run
         # started with one resumes with another, and config.json records the number, not its text)
         self.algo_config()  # the preset's settings and these together
-        object.__setattr__(self, "algo_args", typed_algo_args(self.algo, self.algo_args))
+        self._set(algo_args=typed_algo_args(self.algo, self.algo_args))
         for name in DATASETS:  # every dataset's settings checked, as every partition's are
             own_settings(DataConfig(name, options=self.data_args))
 
@@ -200,20 +137,41 @@ class FederateConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> FederateConfig:
         """The config a run directory's ``config.json`` holds (its ``to_dict``), rebuilt."""
-        known = {f.name for f in fields(cls)}.union(*flat_settings().values())
+        known = set(_owners()).union(*flat_settings().values())
         values = {k: v for k, v in values.items() if k in known}
         tracking = dict(values.pop("tracking", {}))
         tracking["track"] = tuple(tracking.get("track", ()))
         values["save_local_models"] = tuple(values.get("save_local_models", ()))
         return merge({**values, "tracking": tracking})
 
+    def settings(self, plain: bool = False) -> dict[str, Any]:
+        """Every setting by its flat name, as given (None: the preset's), the tables as tables; ``plain``:
+        as :func:`dataclasses.asdict` gives them (``tracking`` a dict, every value a copy)."""
+        groups = [getattr(self, f.name) for f in fields(self)]
+        if plain:
+            return {k: v for g in groups for k, v in dataclasses.asdict(g).items()}
+        return {f.name: getattr(g, f.name) for g in groups for f in fields(g)}
+
     def to_dict(self) -> dict[str, Any]:
         """The fully resolved config (preset lr, batch and optimiser), partition and dataset settings flat."""
-        record = dataclasses.asdict(self)
+        record = self.settings(plain=True)
         for table in flat_settings():
             record.update(record.pop(table))
         return {**record, "lr": self.resolved_lr(),
                 "batch_size": self.resolved_batch(), "optimizer": self.resolved_optimizer()}
+
+
+_GROUPS = tuple(f.name for f in fields(FederateConfig))
+
+
+@functools.cache
+def _owners() -> dict[str, str]:
+    """Each setting's flat name -> the group field of FederateConfig that holds it."""
+    return {leaf.name: f.name for f in fields(FederateConfig) for leaf in fields(f.metadata["nested"])}
+
+
+for _name, _group in _owners().items():  # cfg.lr reads cfg.training.lr: one name everywhere, as its flag
+    setattr(FederateConfig, _name, property(operator.attrgetter(f"{_group}.{_name}")))
 
 
 def typed_algo_args(algo: str, values: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from fpsfl.base.cli import add_settings, settings_from
+from fpsfl.base.settings import flat_fields
 
 from .datasets import DATASETS
 from .experiment import FederateConfig
@@ -31,7 +32,7 @@ def plugin_settings_from(args: argparse.Namespace) -> dict:
 def add_plugin_flags(parser: argparse.ArgumentParser, groups: dict | None = None) -> None:
     """One flag per setting of the registered partitions and datasets (a setting two plugins share, or one
     that is a FederateConfig field, is one flag); a dataset's flag goes in its field's group."""
-    seen = {f.name for f in dataclasses.fields(FederateConfig)}
+    seen = {f.name for f in flat_fields(FederateConfig)}
     for settings in plugin_settings_classes():
         for f in dataclasses.fields(settings) if groups is not None else ():  # a plugin's own help section
             group = f.metadata.get("group")
@@ -53,7 +54,7 @@ def unread_settings(given: Iterable[str], partition: str, dataset: str) -> list[
             owners.setdefault(f.name, []).append(f"--dataset {name}")
     read = {f.name for f in dataclasses.fields(PARTITIONS[partition].Config)}
     read |= {f.name for f in dataclasses.fields(DATASETS[dataset].settings)}
-    core = {f.name for f in dataclasses.fields(FederateConfig)}
+    core = {f.name for f in flat_fields(FederateConfig)}
     return [f"--{key.replace('_', '-')} is a setting of {' and '.join(owners[key])}; this run "
             f"(--partition {partition}, --dataset {dataset}) does not read it"
             for key in given if key in owners and key not in read | core]

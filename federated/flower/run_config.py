@@ -11,11 +11,10 @@ an empty string (or ``none``) means federate's default for that key (the dataset
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-from fpsfl.base.settings import coerce, field_types
+from fpsfl.base.settings import coerce, field_types, flat_types
 
 from ..experiment import FederateConfig, RunOptions, flat_settings, merge
 
@@ -28,7 +27,7 @@ NOT_HERE = {"tracking", "algo_args", "partition_args", "data_args"}  # nested: s
 
 def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig, RunOptions]:
     """federate's config and run options from a Flower run config (engine flower)."""
-    cfg_types = {k: v for k, v in field_types(FederateConfig).items() if k not in NOT_HERE}
+    cfg_types = {k: v for k, v in flat_types(FederateConfig).items() if k not in NOT_HERE}
     plugin = {name: f.type for known in flat_settings().values() for name, f in known.items()}  # flat ones
     run_types = {k: v for k, v in field_types(RunOptions).items()
                  if k.replace("_", "-") in RUN_KEYS}
@@ -63,7 +62,7 @@ def options_from_run_config(run_config: dict[str, Any]) -> tuple[FederateConfig,
 def run_config_of(cfg: FederateConfig, opts: RunOptions) -> dict[str, Any]:
     """The run config that :func:`options_from_run_config` reads back as ``cfg`` and ``opts``: what
     ``federate --engine flower`` hands the app (None values left out: federate's defaults)."""
-    record = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_HERE}
+    record = {k: v for k, v in cfg.settings(plain=True).items() if k not in NOT_HERE}
     for table in flat_settings():  # the partitions' and datasets' settings, flat as the CLI's flags
         record.update(getattr(cfg, table))
     out: dict[str, Any] = {}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import probe_write, temp_path
-from .settings import choices_of, field_types, fits, flag_of, in_interval, scalar
+from .settings import choices_of, fits, flag_of, flat_fields, flat_types, in_interval, scalar
 
 
 class UsageError(Exception):
@@ -162,8 +162,8 @@ def add_settings(parser: Any, cls: type, *, groups: dict[str, Any] | None = None
     negative switch (its flag, e.g. ``--quiet``, stores False). ``groups`` maps a field's group to the
     argparse group its flag goes in.
     """
-    kinds = field_types(cls)
-    for f in dataclasses.fields(cls):
+    kinds = flat_types(cls)
+    for f in flat_fields(cls):
         meta = f.metadata
         if not meta.get("cli") or f.name in skip or (only is not None and f.name not in only):
             continue
@@ -193,7 +193,7 @@ def add_set_flag(parser: Any, help: str) -> None:
 
 def settings_from(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """The values of ``cls``'s fields that were given on the command line (see :func:`add_settings`)."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+    return {f.name: getattr(args, f.name) for f in flat_fields(cls)
             if f.metadata.get("cli") and hasattr(args, f.name)}
 
 

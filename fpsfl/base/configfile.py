@@ -12,7 +12,6 @@ under the flags that were given (:func:`fpsfl.base.cli.settings_from`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Iterable, Mapping
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .migrate import FormatError, migrate
-from .settings import check_field, coerce, field_types
+from .settings import check_field, coerce, flat_fields, flat_types
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,7 +76,8 @@ def typed(cls: type | Iterable[type], values: Mapping[str, Any], where: str,
     are: a string goes through the field's flag parser where it has one. Keys in ``skip`` are returned as
     they are (tables the caller types itself). Unknown keys and bad values are one line naming ``where``."""
     classes = [cls] if isinstance(cls, type) else list(cls)
-    found = {f.name: (f, field_types(c)[f.name]) for c in classes for f in dataclasses.fields(c)}
+    found = {f.name: (f, kinds[f.name]) for c in classes for kinds in (flat_types(c),)
+             for f in flat_fields(c)}
     skip = set(skip)
     out = {}
     for key, value in values.items():

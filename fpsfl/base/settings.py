@@ -40,6 +40,30 @@ def setting(default: Any = dataclasses.MISSING, help: str | Callable[[], str] = 
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
+def group(cls: type, help: str) -> Any:
+    """A field holding a settings group: the frozen dataclass ``cls``, built from its defaults. Its fields
+    are the owner's settings, one flag each, as if declared on the owner (:func:`flat_fields`)."""
+    return dataclasses.field(default_factory=cls, metadata={"help": help, "nested": cls, "cli": False})
+
+
+def flat_fields(cls: Any) -> tuple[dataclasses.Field, ...]:
+    """The settings of the dataclass ``cls`` (or an instance): its fields, each settings group's
+    (:func:`group`) replaced by the group's own fields, in declaration order."""
+    out: list[dataclasses.Field] = []
+    for f in dataclasses.fields(cls):
+        out.extend(flat_fields(f.metadata["nested"]) if f.metadata.get("nested") else (f,))
+    return tuple(out)
+
+
+def flat_types(cls: type) -> dict[str, Any]:
+    """:func:`field_types` of every setting of :func:`flat_fields`, groups' settings included."""
+    kinds = field_types(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        out.update(flat_types(f.metadata["nested"]) if f.metadata.get("nested") else {f.name: kinds[f.name]})
+    return out
+
+
 def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
@@ -83,7 +107,10 @@ def check(obj: Any, style: str = "flag") -> None:
     """Validate every field of ``obj`` that declares ``within`` or ``choices``; ValueError (one line) naming
     the flag (``style="flag"``, for command-line configs) or the setting (``"key"``, for --set configs)."""
     for f in dataclasses.fields(obj):
-        check_field(f, getattr(obj, f.name), flag_of(f) if style == "flag" else f"setting {f.name}")
+        if f.metadata.get("nested"):
+            check(getattr(obj, f.name), style)
+        else:
+            check_field(f, getattr(obj, f.name), flag_of(f) if style == "flag" else f"setting {f.name}")
 
 
 def check_field(f: dataclasses.Field, value: Any, name: str) -> None:
@@ -200,7 +227,7 @@ def defaults(cls: type) -> dict[str, Any]:
 def group_fields(cls: type, *groups: str) -> tuple[str, ...]:
     """The names of ``cls``'s fields declared in ``groups`` (:func:`setting`'s ``group``), in declaration
     order: one group's settings taken as a whole (e.g. a run's data settings) instead of a hand list."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("group") in groups)
+    return tuple(f.name for f in flat_fields(cls) if f.metadata.get("group") in groups)
 
 
 def union_fields(owners: Mapping[str, type], family: str, reserved: Mapping[str, str] | None = None
