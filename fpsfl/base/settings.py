@@ -207,17 +207,6 @@ def typed_table(table: Any, kind: str, args: str, typer: Callable[[str, Mapping[
         return table
 
 
-def init_fields(obj: Any, values: Mapping[str, Any]) -> None:
-    """Set every field of the frozen dataclass ``obj`` from ``values`` or its default: the body of a
-    hand-written ``__init__`` (for configs that also accept keyword settings of plugins)."""
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(obj)})
-    if unknown:
-        raise TypeError(f"{type(obj).__name__} got unexpected settings: {', '.join(unknown)}")
-    default = defaults(type(obj))
-    for f in dataclasses.fields(obj):
-        object.__setattr__(obj, f.name, values[f.name] if f.name in values else default[f.name])
-
-
 def defaults(cls: type) -> dict[str, Any]:
     """Each field's default value (``default_factory`` called); fields without one are left out."""
     return {f.name: field_default(f) for f in dataclasses.fields(cls)
