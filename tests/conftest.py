@@ -23,3 +23,16 @@ def skip_md5(monkeypatch):
     import torchvision.datasets.cifar as cifar
 
     monkeypatch.setattr(cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op torch thread for the test, the count restored after. Two computations that must agree
+    bit for bit (or within a tight tolerance) but sum in another order round alike only at equal thread
+    counts: Ray gives each one-CPU ClientApp actor one thread, the vectorised and the sequential round sum
+    differently, and at two threads on a 2-core AMD EPYC (2026-11-27) Orchestra's engine and its reference
+    drifted 4.8e-3 apart in round 1's conv1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -29,14 +29,6 @@ from tests.federated.test_algorithms import _cfg, synthetic
 CPU = torch.device("cpu")
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _round(tmp_path, cfg, k, name, rounds=1, dtype=torch.float32, data=None):
     cfg = cfg.__class__(**{**_fields(cfg), "client_batch": k})
     s = setup(cfg, CPU, data or synthetic(n_train=120))

@@ -38,17 +38,6 @@ def _ray():
     pytest.importorskip("ray", reason="Flower's simulation engine needs Ray (pip install -e '.[flower]')")
 
 
-@pytest.fixture
-def one_thread():
-    """The engines agree bit for bit at equal thread counts: Ray gives each one-CPU ClientApp actor one
-    thread, so the in-process run gets one too (with two, float32 sums round differently, and a few
-    rounds of BatchNorm training on small batches turn that into visibly different metrics)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _run(path, engine, algo, extra=None, **opts):
     return (flower.run if engine == "flower" else runner.run)(
         FederateConfig(algo=algo, **{**TINY, **(extra or {})}),

@@ -64,16 +64,6 @@ def _same_checkpoint(a, b) -> bool:
     return ca.keys() == cb.keys() and all(torch.equal(ca[k], cb[k]) for k in ca)
 
 
-@pytest.fixture
-def one_thread():
-    """One intra-op thread: at two, on a 2-core AMD EPYC (2026-11-27), the engine's and the reference's
-    float sums round differently and round 1's local training grows that to 4.8e-3 in conv1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_orchestra_rounds_equal_the_plain_torch_reference(one_thread):
     """Round 0 (memories and clustering only) and round 1 (local training) of two clients, then the server:
     every entry of the global state, target network and centroids included, as the reference computes it
