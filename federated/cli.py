@@ -44,7 +44,7 @@ from pretrain.backbones import BackboneError, check_backbone
 
 from . import flower, runner
 from .datasets import DATASETS, DataError
-from .experiment import FederateConfig, RunOptions, flat_settings, merge
+from .experiment import SETTING_GROUPS, FederateConfig, RunOptions, flat_settings, merge
 from .flags import add_plugin_flags, plugin_settings_classes, plugin_settings_from, unread_settings
 from .flower import FlowerError
 from .initialisation import InitError, init_sha256
@@ -63,10 +63,6 @@ GROUPS = {  # argparse sections of the generated flags, in order, with their not
                 "the same weights, as FedAvg does.",
     "search": None, "run": None,
 }
-
-
-# a --config file's [federate] may hold its settings in the groups' tables ([federate.training])
-GROUP_TABLES = {f.name: f.metadata["nested"] for f in dataclasses.fields(FederateConfig)}
 
 
 class FileSettings(NamedTuple):
@@ -89,8 +85,8 @@ def file_settings(args: argparse.Namespace) -> FileSettings:
     plugin_tables = tuple(flat_settings())  # partition_args, data_args
     inner = ("tracking", "algo_args", *plugin_tables)
     fed = typed([FederateConfig, *plugin_settings_classes()], tables.get("federate", {}),
-                f"{where}: [federate]", skip=(*inner, *GROUP_TABLES))
-    for name, cls in GROUP_TABLES.items():  # [federate.training] rounds = 5: a group's settings, read flat
+                f"{where}: [federate]", skip=(*inner, *SETTING_GROUPS))
+    for name, cls in SETTING_GROUPS.items():  # [federate.training] rounds = 5: a group's settings, read flat
         fed = {**typed(cls, fed.pop(name, {}), f"{where}: [federate.{name}]", skip=inner), **fed}
     for table in plugin_tables:  # written as a table, plugin settings count as the flat keys (which win)
         fed = {**typed(plugin_settings_classes(), fed.pop(table, {}), f"{where}: [federate.{table}]"), **fed}

@@ -19,7 +19,6 @@ settings as keyword arguments, keeps them in ``partition_args`` and ``data_args`
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import operator
 from collections.abc import Mapping
@@ -51,8 +50,8 @@ class FederateConfig:
         name (``rounds=5``), which wins over its group's; any registered partition's settings (``alpha=0.1``)
         land in ``partition_args`` and any dataset's (``split_csv=...``) in ``data_args``. None for
         ``partition`` and ``arch`` means the dataset's default."""
-        owner = _owners()
-        by_group = {g: dict(vars(values.pop(g))) if g in values else {} for g in set(owner.values())}
+        owner = _OWNER
+        by_group = {g: dict(vars(values.pop(g))) if g in values else {} for g in SETTING_GROUPS}
         for table, known in flat_settings().items():
             given = {**(values.pop(table, None) or by_group[owner[table]].get(table) or {}),
                      **{k: values.pop(k) for k in list(values) if k in known}}
@@ -62,8 +61,8 @@ class FederateConfig:
             raise TypeError(f"{type(self).__name__} got unexpected settings: {', '.join(unknown)}")
         for name, value in values.items():
             by_group[owner[name]][name] = value
-        for f in fields(self):
-            object.__setattr__(self, f.name, f.metadata["nested"](**by_group[f.name]))
+        for name, cls in SETTING_GROUPS.items():
+            object.__setattr__(self, name, cls(**by_group[name]))
         spec = DATASETS.lookup(self.dataset, DataError)
         if self.partition is None:
             self._set(partition=spec.default_partition)
@@ -73,15 +72,14 @@ class FederateConfig:
 
     def _set(self, **values: Any) -> None:
         """Settings replaced in their groups, while the config is being built (it is frozen after)."""
-        owner = _owners()
         for name, value in values.items():
-            held = getattr(self, owner[name])
-            object.__setattr__(self, owner[name], dataclasses.replace(held, **{name: value}))
+            held = getattr(self, _OWNER[name])
+            object.__setattr__(self, _OWNER[name], dataclasses.replace(held, **{name: value}))
 
     def __getattr__(self, name: str) -> Any:
         """A partition's or dataset's setting (``cfg.alpha``, ``cfg.crop_size``), including one a plugin
         registered after this was built."""
-        if name.startswith("__") or name in _owners() or name in _GROUPS:
+        if name.startswith("__") or name in _OWNER or name in SETTING_GROUPS:
             raise AttributeError(name)  # not built yet (unpickling): no group to read from
         for table, known in flat_settings().items():
             if name in known:
@@ -137,7 +135,7 @@ class FederateConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> FederateConfig:
         """The config a run directory's ``config.json`` holds (its ``to_dict``), rebuilt."""
-        known = set(_owners()).union(*flat_settings().values())
+        known = set(_OWNER).union(*flat_settings().values())
         values = {k: v for k, v in values.items() if k in known}
         tracking = dict(values.pop("tracking", {}))
         tracking["track"] = tuple(tracking.get("track", ()))
@@ -161,16 +159,12 @@ class FederateConfig:
                 "batch_size": self.resolved_batch(), "optimizer": self.resolved_optimizer()}
 
 
-_GROUPS = tuple(f.name for f in fields(FederateConfig))
+# each group field of FederateConfig -> its dataclass (federated.groups); a --config file's [federate.NAME]
+SETTING_GROUPS: dict[str, type] = {f.name: f.metadata["nested"] for f in fields(FederateConfig)}
+_OWNER = {leaf.name: name for name, cls in SETTING_GROUPS.items() for leaf in fields(cls)}  # setting -> group
 
 
-@functools.cache
-def _owners() -> dict[str, str]:
-    """Each setting's flat name -> the group field of FederateConfig that holds it."""
-    return {leaf.name: f.name for f in fields(FederateConfig) for leaf in fields(f.metadata["nested"])}
-
-
-for _name, _group in _owners().items():  # cfg.lr reads cfg.training.lr: one name everywhere, as its flag
+for _name, _group in _OWNER.items():  # cfg.lr reads cfg.training.lr: one name everywhere, as its flag
     setattr(FederateConfig, _name, property(operator.attrgetter(f"{_group}.{_name}")))
 
 
