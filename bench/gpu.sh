@@ -13,7 +13,8 @@
 #   bash bench/gpu.sh --checks     the GPU checks of issue 26 instead: pytest -m gpu, torchrun + NCCL, Flower
 #
 # WHEELS (default .whl): a folder of wheels installed with pip --no-index --no-deps into /tmp/site when it
-# exists and this is not a dry run. BUDGET: seconds after which no measurement starts (default 440).
+# exists and this is not a dry run. BUDGET: seconds after which no measurement starts (default 440). SKIP:
+# comma-separated measurement names to leave out (those an earlier call measured).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=()
@@ -40,7 +41,7 @@ if [[ $dry -eq 0 && -d "$wheels" ]] && compgen -G "$wheels/*.whl" > /dev/null; t
 fi
 export PYTHONUNBUFFERED=1
 log=$(mktemp)
-"$py" bench/gpu_bench.py "${args[@]}" --out "$out" ${BUDGET:+--budget "$BUDGET"} | tee "$log"
+"$py" bench/gpu_bench.py "${args[@]}" --out "$out" ${BUDGET:+--budget "$BUDGET"} ${SKIP:+--skip "$SKIP"} | tee "$log"
 file=$(sed -n 's/^\[gpu.sh\] wrote //p' "$log" | tail -1)
 rm -f "$log"
 [[ -n "$file" ]] || { echo "gpu.sh: no results file was written" >&2; exit 1; }

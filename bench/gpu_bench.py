@@ -109,8 +109,9 @@ def one_line(exc: BaseException) -> str:
 class Lines:
     """The JSON-lines file: every record gets the run's common fields and is appended at once."""
 
-    def __init__(self, path: Path, common: dict, budget_s: float):
+    def __init__(self, path: Path, common: dict, budget_s: float, skip: frozenset[str] = frozenset()):
         self.path, self.common, self.start, self.budget = path, common, time.perf_counter(), budget_s
+        self.skip = skip  # names measured in an earlier call of the same lease, left out of this one
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def left(self) -> float:
@@ -126,7 +127,9 @@ class Lines:
     def measure(self, bench: str, name: str, fn: Callable[[], dict], need_s: float = 0.0) -> dict:
         """``fn()``'s record, or the reason it did not run (budget, Skip) or its error; written either way."""
         t = time.perf_counter()
-        if self.left() < need_s:
+        if name in self.skip:
+            result = {"status": "skipped", "reason": "--skip"}
+        elif self.left() < need_s:
             result = {"status": "skipped",
                       "reason": f"time budget: {self.left():.0f} s left, {need_s:.0f} s needed"}
         else:
@@ -309,11 +312,11 @@ def environment(sizes: Sizes, budget: float) -> dict:
             "cores": len(os.sched_getaffinity(0)), "dry_run": sizes.device == "cpu", "budget_s": budget}
 
 
-def measure_all(sizes: Sizes, out_dir: Path, budget: float) -> Path:
+def measure_all(sizes: Sizes, out_dir: Path, budget: float, skip: frozenset[str] = frozenset()) -> Path:
     common = environment(sizes, budget)
     slug = re.sub(r"[^a-z0-9]+", "-", common["device"].lower()).strip("-")
     path = out_dir / f"{slug}-{common['commit']}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-    lines = Lines(path, {"device": common["device"], "dry_run": common["dry_run"]}, budget)
+    lines = Lines(path, {"device": common["device"], "dry_run": common["dry_run"]}, budget, skip)
     lines.write({"bench": "environment", "status": "ok", **common, "python": sys.version.split()[0]})
     device = torch.device(sizes.device)
     with tempfile.TemporaryDirectory() as tmp:
@@ -368,6 +371,9 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=None, help="seconds after which no measurement starts "
                    "(default: 450 on a GPU, 120 on the dry run)")
     p.add_argument("--checks", action="store_true", help="the GPU checks of issue 26 instead (gpu_checks.py)")
+    p.add_argument("--skip", default="", metavar="NAMES",
+                   help="comma-separated measurement names to leave out (recorded as skipped), e.g. the rows "
+                        "an earlier call of the same lease measured: 'one client at a time,vectorised'")
     p.add_argument("--check", type=Path, metavar="FILE",
                    help="only verify FILE's lines (exit 1 unless every measurement is there and ok)")
     args = p.parse_args()
@@ -382,7 +388,8 @@ def main() -> None:
         # inductor on 2 cores: about a minute a graph
         os.environ.setdefault("FPSFL_TEST_COMPILE_BACKEND", "aot_eager")
     budget = args.budget or sizes.budget
-    path = checks(args.dry_run, args.out, budget) if args.checks else measure_all(sizes, args.out, budget)
+    path = checks(args.dry_run, args.out, budget) if args.checks else \
+        measure_all(sizes, args.out, budget, frozenset(filter(None, args.skip.split(","))))
     print(f"[gpu.sh] wrote {path}")
 
 
