@@ -90,6 +90,19 @@ def test_a_failing_measurement_is_recorded_and_the_next_still_runs(tmp_path):
     assert saved["late"]["status"] == "skipped" and "time budget" in saved["late"]["reason"]
 
 
+def test_a_skipped_measurement_is_recorded_and_not_run(tmp_path):
+    """SKIP (--skip) names rows an earlier call of the same lease measured: they are written as skipped and
+    their function is never called; the other rows run."""
+    bench = _bench_module()
+    lines = bench.Lines(tmp_path / "r.jsonl", {"device": "cpu"}, budget_s=60, skip=frozenset({"done"}))
+    lines.measure("x", "done", lambda: 1 / 0)
+    lines.measure("x", "new", lambda: {"v": 1})
+    saved = {r["name"]: r for r in map(json.loads, (tmp_path / "r.jsonl").read_text().splitlines())}
+    assert saved["done"] == {"device": "cpu", "bench": "x", "name": "done", "status": "skipped",
+                             "reason": "--skip", "wall_s": 0.0}
+    assert saved["new"]["status"] == "ok" and saved["new"]["v"] == 1
+
+
 @pytest.mark.slow
 def test_dry_run_of_the_checks(tmp_path):
     records = _dry_run(tmp_path, "--checks")
