@@ -39,7 +39,7 @@ from fpsfl.base.cli import (
 )
 from fpsfl.base.configfile import read_sections, run_record, typed
 from fpsfl.base.rundir import RunDirError
-from fpsfl.base.settings import flat_fields
+from fpsfl.base.settings import group_fields
 from pretrain.backbones import BackboneError, check_backbone
 
 from . import flower, runner
@@ -177,8 +177,7 @@ def build_export_parser() -> argparse.ArgumentParser:
         "sha256). A Flower SuperNode started with --node-config \"partition-id=I "
         "data-dir=DIR\" then loads only shard I (docs/flower.md).", 100))
     groups = {name: p.add_argument_group(name) for name in ("data", "partition", "run")}
-    data_fields = tuple(f.name for f in flat_fields(FederateConfig)
-                        if f.metadata.get("group") in ("data", "partition")) + ("seed",)
+    data_fields = (*group_fields(FederateConfig, "data", "partition"), "seed")
     add_settings(p, FederateConfig, groups=groups, only=tuple(n for n in data_fields if n != "input_size"))
     add_plugin_flags(p, groups)
     groups["run"].add_argument("--out", type=nonempty(Path), required=True, metavar="DIR",
