@@ -3,8 +3,9 @@
 The query encoder (backbone + 2-layer MLP head, f -> f -> 128 as the official FPS code, f the backbone's
 feature width; ``heads=imagenet``: 2048 wide) embeds view 1; a momentum copy embeds view 2 as the positive
 key. Negatives are the 65,536 most recent keys in a memory bank; the loss is InfoNCE with temperature 0.2.
-As in the MoCo reference the loss is not symmetrised. Heads, InfoNCE-with-bank and the momentum update
-come from lightly; the checkpoint keeps the query encoder.
+As in the MoCo reference the loss is not symmetrised. The heads, the bank's buffers and the momentum update
+come from lightly; the InfoNCE is :func:`info_nce`, equal to lightly's ``NTXentLoss`` with a bank (tested)
+but reading nothing back to the host (issue 40); the checkpoint keeps the query encoder.
 
 Under torchrun (He et al. 2020, §3.3, "Shuffling BN"), as the MoCo reference: the key batch is gathered from
 all processes, permuted by one permutation shared by all, and each process encodes its share, so a key's
@@ -20,13 +21,14 @@ import copy
 from dataclasses import dataclass
 
 import torch
-from lightly.loss import NTXentLoss
+import torch.nn.functional as F
 from lightly.models.modules import MoCoProjectionHead
 from lightly.models.modules.heads import ProjectionHead
 from lightly.models.modules.memory_bank import MemoryBankModule
 from lightly.models.utils import (
     batch_shuffle_distributed,
     batch_unshuffle_distributed,
+    concat_all_gather,
     deactivate_requires_grad,
     update_momentum,
 )
@@ -39,13 +41,48 @@ from . import METHODS
 from .base import HEADS, IMAGENET_HIDDEN, Method, MethodConfig, feature_std, filled
 
 
-class _EagerUpdateBank(MemoryBankModule):
-    """lightly's memory bank with its update kept out of ``--compile``'s graphs: the update reads the bank's
-    pointer to the host (``int(bank_ptr)``), on which a compiled step would recompile at every value."""
+def info_nce(q: Tensor, k: Tensor, negatives: Tensor, temperature: float) -> Tensor:
+    """MoCo's InfoNCE (He et al. 2020, eq. 1): queries q (B, D) against their positive keys k (B, D) and the
+    bank's negatives (K, D), all compared by cosine; the positive's logit first, the mean over the batch.
+    ``negatives`` are unit vectors already (the bank holds normalised keys)."""
+    q, k = F.normalize(q, dim=1), F.normalize(k, dim=1)
+    logits = torch.cat(((q * k).sum(1, keepdim=True), q @ negatives.T), 1) / temperature
+    return (torch.logsumexp(logits, 1) - logits[:, 0]).mean()
 
+
+class KeyBank(MemoryBankModule):
+    """lightly's memory bank (its buffers, their random init and the checkpoint's ``bank``/``bank_ptr``) with
+    the write position mirrored on the host. lightly reads ``int(bank_ptr)`` at every update, which makes
+    the host wait for the device once a step (issue 40); the mirror is read from the buffer once, after
+    construction or a load, and the buffer is still written for the checkpoint."""
+
+    _host_ptr: int | None = None
+
+    def reset_pointer(self) -> None:
+        self._host_ptr = None  # the buffer was written from outside: read it at the next update
+
+    def negatives(self) -> Tensor:
+        """The bank as it is now (K, D), a copy: the update that follows must not change the loss's
+        saved tensors."""
+        return self.bank.detach().clone()
+
+    # Kept out of --compile's graphs: a host position that changes every step would recompile them.
     @torch.compiler.disable
-    def _dequeue_and_enqueue(self, batch: Tensor) -> None:
-        super()._dequeue_and_enqueue(batch)
+    def push(self, keys: Tensor) -> None:
+        """Write the keys (of every process, in rank order) over the oldest; as lightly, a batch that
+        reaches the bank's end fills it and the rest is dropped, and the position wraps to 0."""
+        if self.gather_distributed and world_size() > 1:
+            keys = concat_all_gather(keys)
+        ptr = int(self.bank_ptr) if self._host_ptr is None else self._host_ptr
+        size = self.size[0]
+        if ptr + len(keys) >= size:
+            self.bank[ptr:] = keys[: size - ptr].detach()
+            ptr = 0
+        else:
+            self.bank[ptr:ptr + len(keys)] = keys.detach()
+            ptr += len(keys)
+        self.bank_ptr.fill_(ptr)
+        self._host_ptr = ptr
 
 
 @dataclass(frozen=True)
@@ -93,16 +130,21 @@ class MoCoV2(Method):
         deactivate_requires_grad(self.key_head)
         bank = (cfg.bank_size, cfg.out_dim)
         # gather_distributed: the bank takes every process's keys, in rank order (a no-op with one process)
-        self.criterion = NTXentLoss(temperature=cfg.temperature, memory_bank_size=bank,
-                                    gather_distributed=True)
-        self.criterion.memory_bank.__class__ = _EagerUpdateBank  # the same state; eager under --compile
+        self.bank = KeyBank(size=bank, gather_distributed=True)
 
     def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         q = self.head(self.backbone(views[0]))
         with torch.no_grad():
             k = self._keys(views[1])
-        # lightly pushes k into the bank after reading it, only when q requires grad (training)
-        return self.criterion(q, k), {"z_std": feature_std(q)}
+        return self.loss(q, k), {"z_std": feature_std(q)}
+
+    def loss(self, q: Tensor, k: Tensor) -> Tensor:
+        """InfoNCE against the bank as it was; then, when q requires grad (training, as lightly), the
+        normalised keys k replace the oldest in the bank."""
+        loss = info_nce(q, k, self.bank.negatives(), self.cfg.temperature)
+        if q.requires_grad:
+            self.bank.push(F.normalize(k.detach(), dim=1))
+        return loss
 
     @torch.no_grad()
     def _keys(self, x: Tensor) -> Tensor:
@@ -118,10 +160,10 @@ class MoCoV2(Method):
         update_momentum(self.head, self.key_head, self.cfg.key_momentum)
 
     def extra_state(self) -> dict[str, Tensor]:
-        bank = self.criterion.memory_bank  # non-persistent buffers: not in the state_dict
+        bank = self.bank  # non-persistent buffers: not in the state_dict
         return {"bank": bank.bank.detach().clone(), "bank_ptr": bank.bank_ptr.detach().clone()}
 
     def load_extra_state(self, state: dict[str, Tensor]) -> None:
-        bank = self.criterion.memory_bank
-        bank.bank.copy_(state["bank"])
-        bank.bank_ptr.copy_(state["bank_ptr"])
+        self.bank.bank.copy_(state["bank"])
+        self.bank.bank_ptr.copy_(state["bank_ptr"])
+        self.bank.reset_pointer()

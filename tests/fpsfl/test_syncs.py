@@ -89,6 +89,11 @@ def sync_free(monkeypatch):
     return images
 
 
+def _pretrain_methods() -> list[str]:
+    from pretrain.methods import METHODS
+    return list(METHODS)
+
+
 def _views(n: int = 24) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1)
     return torch.randint(0, 256, (2, n, 32, 32, 3), dtype=torch.uint8, generator=gen)
@@ -111,17 +116,23 @@ def test_pretraining_augmentation_has_a_sync_free_form_equal_to_the_host_form(mo
     assert torch.equal(out[True], out[False])
 
 
-def test_a_simsiam_pretraining_step_reads_nothing_back(sync_free):
+@pytest.mark.parametrize("name", sorted(_pretrain_methods()))
+def test_a_pretraining_step_reads_nothing_back(sync_free, name):
+    """Every method's step (MoCo-v2's bank update included: lightly reads its position back every step)."""
     from fractals.stream import augment_views
+    from pretrain.methods import METHODS
     from pretrain.recipe import PretrainConfig
     from pretrain.train import build_method, make_optimizer
-    cfg = PretrainConfig(method="simsiam", width=0.25, batch_size=16)
-    method = build_method(cfg, None, torch.device("cpu")).train()
+    cfg = PretrainConfig(method=name, width=0.25, batch_size=16)
+    n_classes = 5 if METHODS[name].labels else None
+    method = build_method(cfg, n_classes, torch.device("cpu")).train()
     optimizer, _ = make_optimizer(method, cfg)
     gen = torch.Generator().manual_seed(0)
+    labels = {"multihot": (torch.arange(16 * 5).view(16, 5) % 3 == 0).float(), "class": torch.arange(16) % 5}
 
     def step():
-        loss, _ = method(augment_views(_views(16), method.n_views, method.augment, gen), None)
+        views = augment_views(_views(16), method.n_views, method.augment, gen)
+        loss, _ = method(views, labels.get(method.labels))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

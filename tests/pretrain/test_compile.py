@@ -93,11 +93,11 @@ def test_an_inductor_compiled_step_equals_the_eager_step_in_float64(tmp_path, mo
     _compare(tmp_path, monkeypatch, method, "inductor", INDUCTOR_TOL)
 
 
-@pytest.mark.parametrize("method,syncs", [("simsiam", {}), ("mocov2", {"__int__": 1, "to": 1})])
-def test_a_compiled_step_reads_back_what_the_eager_step_reads(monkeypatch, method, syncs):
+@pytest.mark.parametrize("method", ["simsiam", "mocov2"])
+def test_a_compiled_step_reads_nothing_back(monkeypatch, method):
     """No host sync inside a compiled graph is possible (a read ends the graph, and runs eagerly, where the
-    counter sees it): SimSiam's compiled step reads nothing back, MoCo-v2's the two calls of lightly's bank
-    update that its eager step makes (docs/performance.md, Host syncs)."""
+    counter sees it): neither method's compiled step reads anything back, MoCo-v2's bank update included
+    (its position is kept on the host: docs/performance.md, Host syncs)."""
     import fpsfl.base.images as images
     from fractals.stream import augment_views
     monkeypatch.setattr(images, "SYNC_FREE", True)
@@ -120,7 +120,7 @@ def test_a_compiled_step_reads_back_what_the_eager_step_reads(monkeypatch, metho
         step()
     with SyncCounter() as counter:
         step()
-    assert dict(counter.calls) == syncs
+    assert dict(counter.calls) == {}
 
 
 def test_the_flag_is_in_the_cli_and_its_help(tmp_path, monkeypatch, capsys):

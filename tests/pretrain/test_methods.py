@@ -53,7 +53,7 @@ def test_moco_loss_hand_computed_and_bank_update():
     method.load_extra_state({"bank": bank, "bank_ptr": torch.zeros(1, dtype=torch.long)})
     q = torch.tensor([[3.0, 0.0]], requires_grad=True)  # normalised inside the loss: [1, 0]
     k = torch.tensor([[1.0, 1.0]])  # -> [0.7071, 0.7071]
-    loss = method.criterion(q, k)
+    loss = method.loss(q, k)
     # logits = [q.k, q.n1, q.n2, q.n3] / T = [0.7071, 0, -1, 0.6] / 0.5; InfoNCE with the positive first
     logits = torch.tensor([math.sqrt(0.5), 0.0, -1.0, 0.6]) / 0.5
     expected = -logits[0] + torch.logsumexp(logits, 0)
@@ -61,6 +61,53 @@ def test_moco_loss_hand_computed_and_bank_update():
     state = method.extra_state()  # training mode: k was pushed into the bank after being read
     assert torch.allclose(state["bank"][0], F.normalize(k, dim=1)[0]) and int(state["bank_ptr"]) == 1
     assert torch.equal(state["bank"][1:], bank[1:])
+
+
+def _lightly_moco_steps(bank: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                        temperature: float):
+    """lightly's NTXentLoss with a memory bank over the batches: the losses and its bank after them."""
+    from lightly.loss import NTXentLoss
+    ref = NTXentLoss(temperature=temperature, memory_bank_size=tuple(bank.shape))
+    ref.memory_bank.bank.copy_(bank)
+    ref.memory_bank.bank_ptr.zero_()
+    return [ref(q, k) for q, k in batches], ref.memory_bank
+
+
+def test_moco_loss_and_bank_equal_lightlys_ntxent_with_a_bank_across_a_wrap():
+    """info_nce + KeyBank (host position) against lightly's NTXentLoss over batches of 3 into a bank of 8:
+    the third batch reaches the end (2 written, 1 dropped, position back to 0), the fourth starts over."""
+    gen = torch.Generator().manual_seed(0)
+    bank = F.normalize(torch.randn(8, 4, generator=gen), dim=1)
+    batches = [(torch.randn(3, 4, generator=gen, requires_grad=True), torch.randn(3, 4, generator=gen))
+               for _ in range(4)]
+    method = MoCoV2(_tiny_backbone(), MoCoV2Config(bank_size=8, out_dim=4, temperature=0.3, hidden_dim=8))
+    method.load_extra_state({"bank": bank, "bank_ptr": torch.zeros(1, dtype=torch.long)})
+    ours = []
+    for i, (q, k) in enumerate(batches):
+        ours.append(method.loss(q, k))
+        assert method.bank._host_ptr == [3, 6, 0, 3][i] == int(method.bank.bank_ptr)
+    theirs, ref_bank = _lightly_moco_steps(bank, batches, 0.3)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert torch.equal(method.bank.bank, ref_bank.bank)
+    assert torch.equal(method.bank.bank_ptr, ref_bank.bank_ptr)
+    q, k = batches[0]
+    before = method.bank.bank.clone()
+    (g_ours,) = torch.autograd.grad(method.loss(q, k), q)
+    (g_theirs,) = torch.autograd.grad(_lightly_moco_steps(before, [(q, k)], 0.3)[0][0], q)
+    assert torch.allclose(g_ours, g_theirs, rtol=1e-5, atol=1e-7)
+
+
+def test_moco_bank_rereads_its_position_after_a_load():
+    method = MoCoV2(_tiny_backbone(), MoCoV2Config(bank_size=8, out_dim=4, hidden_dim=8))
+    method.loss(torch.randn(3, 4, requires_grad=True), torch.randn(3, 4))
+    state = method.extra_state()
+    state["bank_ptr"].fill_(5)  # a resumed run's position
+    method.load_extra_state(state)
+    method.loss(torch.randn(2, 4, requires_grad=True), torch.randn(2, 4))
+    assert int(method.bank.bank_ptr) == method.bank._host_ptr == 7
+    method.loss(torch.randn(2, 4), torch.randn(2, 4))  # no grad (evaluation): the bank is not written
+    assert int(method.bank.bank_ptr) == 7
 
 
 def test_moco_momentum_update_moves_keys_towards_queries():
