@@ -11,7 +11,8 @@ while the time budget (``--budget``, default 440 s) leaves room for it:
   2026-11-25 measured). A warm-up epoch (cuDNN's autotuning, compilation: its seconds are ``warmup_s``), then
   an epoch of 200 steps, timed as ``pretrain`` times an epoch (no profiling syncs). SimSiam, ResNet20 at
   32 px, batch 256, bf16 autocast (the recipes' ``--amp``), eager (``pretrain``'s default, cuDNN benchmark
-  off) and ``--compile`` (:func:`pretrain.train.compile_step`, inductor).
+  off) and ``--compile`` (:func:`pretrain.train.compile_step`, inductor; on a GPU the views too,
+  :func:`pretrain.compiled.compile_augment`).
 - ``federate``: local-training image-steps/s on CIFAR-10-shaped random data (half of CIFAR-10's 50,000 train
   images, 10 clients, Dir(0.3), 1 local epoch, batch 32, ResNet20, FedAvg), one client at a time
   (``--client-batch 1``) and the round's clients vectorised (``--client-batch 10``, what ``auto`` gives on a
@@ -166,7 +167,7 @@ class FixedPairs:
 
 def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
     from pretrain.recipe import PretrainConfig, RunOptions
-    from pretrain.train import build_method, compile_step, make_optimizer, run_epoch, set_lr
+    from pretrain.train import build_method, compile_augment, compile_step, make_optimizer, run_epoch, set_lr
 
     torch.backends.cudnn.benchmark = False  # pretrain's eager default; compile_step turns it on
     cfg = PretrainConfig(method=row.method, arch=row.arch, width=row.width, size=row.size,
@@ -175,6 +176,7 @@ def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
     method = build_method(cfg, None, device).to(memory_format=torch.channels_last)
     optimizer, base_lr = make_optimizer(method, cfg)
     model = compile_step(method, device) if row.compiled else method
+    applier = compile_augment(device) if row.compiled else None  # the views too, on a GPU (not on a CPU)
     g = torch.Generator().manual_seed(0)
     shape = (2, row.batch, row.size, row.size, 3)
     pairs = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device)
@@ -184,7 +186,8 @@ def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
         if epoch == 1:
             warmup = time.perf_counter() - t
         set_lr(optimizer, base_lr, epoch, cfg.epochs)
-        record = run_epoch(method, FixedPairs(pairs, steps), optimizer, cfg, epoch, device, opts, model)
+        record = run_epoch(method, FixedPairs(pairs, steps), optimizer, cfg, epoch, device, opts, model,
+                           applier=applier)
     del model, method, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()

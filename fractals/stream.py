@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fpsfl.base.images import AugmentConfig, augment
+from fpsfl.base.images import AugmentConfig, Draws, apply, draw_for
 
 from . import torch_render
 from .ifs import CodeBank
@@ -41,10 +41,21 @@ def shard_rows(n: int, rank: int, world: int) -> slice:
 
 
 def augment_views(images: torch.Tensor, n_views: int, cfg: AugmentConfig, generator: torch.Generator,
-                  rows: tuple[int, int] | None = None) -> torch.Tensor:
+                  rows: tuple[int, int] | None = None, applier=None) -> torch.Tensor:
     """uint8 renders (V, B, S, S, 3) -> float views (n_views, B, 3, S, S): view v augments render v % V.
-    ``rows = (start, total)``: the renders are rows of a larger batch (:func:`fpsfl.base.images.augment`)."""
-    return torch.stack([augment(images[v % len(images)], cfg, generator, rows=rows) for v in range(n_views)])
+    ``rows = (start, total)``: the renders are rows of a larger batch (:func:`fpsfl.base.images.augment`).
+    Every view's draws come first, in view order (the generator's stream is that of augmenting the views
+    one after the other), then ``applier`` (default :func:`apply_views`; ``pretrain --compile`` gives its
+    compiled form) makes the views from them."""
+    draws = [draw_for(images[v % len(images)], cfg, generator, rows) for v in range(n_views)]
+    return (applier or apply_views)(images, draws, cfg)
+
+
+def apply_views(images: torch.Tensor, draws: list[Draws], cfg: AugmentConfig,
+                sync_free: bool | None = None) -> torch.Tensor:
+    """The views of :func:`augment_views` from their draws; pure (see :func:`fpsfl.base.images.apply`)."""
+    return torch.stack([apply(images[v % len(images)], d, cfg, sync_free=sync_free)
+                        for v, d in enumerate(draws)])
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from fractals.stream import augment_views
 
 from . import distributed
 from .backbones import create_backbone
+from .compiled import COMPILE_BACKEND_ENV, compile_augment, compile_step  # noqa: F401 (re-exported)
 from .methods import METHODS, Method
 from .probe import PROBES, probe
 from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
@@ -65,9 +66,6 @@ FLOAT64_ENV = "FPSFL_TEST_FLOAT64"
 # Tests only: "R:E:S" SIGKILLs rank R after step S of epoch E (1-based) in torchrun's first launch, as a
 # preempted node would; the restart (TORCHELASTIC_RESTART_COUNT > 0) runs on.
 KILL_ENV = "FPSFL_TEST_KILL"
-# Tests only: the torch.compile backend of --compile (default inductor); "aot_eager" traces and splits the
-# step as inductor does but runs eager kernels, and compiles in seconds
-COMPILE_BACKEND_ENV = "FPSFL_TEST_COMPILE_BACKEND"
 
 
 class TrainingError(RuntimeError):
@@ -115,17 +113,6 @@ def set_lr(optimizer: torch.optim.Optimizer, base: float, epoch: int, epochs: in
     return lr
 
 
-def compile_step(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """``--compile``: ``model`` (the method, or its DDP wrapper) with its forward and loss compiled by
-    torch.compile; AOTAutograd compiles the backward with them, and the optimiser step stays eager (foreach
-    on a GPU: a learning rate that changes every epoch would recompile a compiled step). Static shapes: a
-    short last batch compiles a second graph. On CUDA cuDNN then times each convolution's algorithms once per
-    shape and keeps the fastest (``cudnn.benchmark``, process-wide, as the MoCo and SimSiam references)."""
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-    return torch.compile(model, backend=os.environ.get(COMPILE_BACKEND_ENV, "inductor"), dynamic=False)
-
-
 class _Clock:
     """Accumulates seconds per phase; with ``sync`` it waits for the GPU so each phase gets its own time."""
 
@@ -144,9 +131,10 @@ class _Clock:
 
 def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int, device: torch.device,
               opts: RunOptions, model: torch.nn.Module | None = None,
-              d: distributed.Dist = _ONE) -> dict:
+              d: distributed.Dist = _ONE, applier=None) -> dict:
     """One pass over the source; returns the epoch's metrics. ``model`` is the method or its DDP wrapper,
-    either maybe compiled (:func:`compile_step`); ``method`` is the eager module underneath."""
+    either maybe compiled (:func:`compile_step`); ``method`` is the eager module underneath; ``applier``
+    makes the views from their draws (None: eager; :func:`compile_augment`)."""
     model = method if model is None else model
     method.train()
     dtype = next(method.parameters()).dtype  # of the views: float32 (float64 under the test hook)
@@ -164,7 +152,7 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
         labels = batch["labels"].to(device, non_blocking=True) if "labels" in batch else None
         clock.lap("data_wait")
         mine, n = images.shape[1], images.shape[1] * d.world  # this process's rows of a global batch of n
-        views = augment_views(images, method.n_views, method.augment, gen, (d.rank * mine, n))
+        views = augment_views(images, method.n_views, method.augment, gen, (d.rank * mine, n), applier)
         views = views.to(dtype)
         clock.lap("augment")
         with autocast:
@@ -301,8 +289,9 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     check_shared(run, d)
     start = restore(state, method, optimizer) if state is not None else 0
     model = distributed.wrap(method, device)
+    applier = None
     if opts.compile:  # the step's forward, loss and backward; ``method`` stays the eager module it updates
-        model = compile_step(model, device)
+        model, applier = compile_step(model, device), compile_augment(device)
     probe_data = PROBES[opts.probe]() if opts.probe and d.main else None
     initial = _probe(method, probe_data, cfg, "init") if probe_data is not None and start == 0 else {}
     watch = _rank_watch(source, method, device) if d.main else None
@@ -313,8 +302,8 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
         if opts.stop_after is not None and epoch - start >= opts.stop_after:
             break
         lr = set_lr(optimizer, base_lr, epoch, cfg.epochs)
-        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts, model, d), "lr": lr,
-                  **initial}
+        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts, model, d, applier),
+                  "lr": lr, **initial}
         initial = {}
         if probe_data is not None and ((epoch + 1) % opts.probe_every == 0 or epoch + 1 == cfg.epochs):
             record.update(_probe(method, probe_data, cfg))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -188,14 +189,14 @@ def sample_crop_boxes(b: int, h: int, w: int, scale: tuple[float, float], ratio:
     return torch.stack((x0, y0, bw, bh), 1)
 
 
-def _masked_(x: Tensor, on: Tensor, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+def _masked_(x: Tensor, on: Tensor, fn: Callable[[Tensor, Tensor], Tensor], sync_free: bool) -> Tensor:
     """Replace the samples where on (B,) is True by fn(those samples, their indices), in place.
 
     The others stay bit-identical. On a CPU the work scales with the selection rate; the sync-free form
     (:data:`SYNC_FREE`) runs fn on every sample and keeps the selected results, since finding the indices
     would make the host wait for the device.
     """
-    if _sync_free(x):
+    if sync_free:
         every = torch.arange(len(x), device=x.device)
         return x.copy_(torch.where(on.view(-1, 1, 1, 1), fn(x.clone(), every), x))
     idx = on.nonzero().squeeze(1)
@@ -204,39 +205,99 @@ def _masked_(x: Tensor, on: Tensor, fn: Callable[[Tensor, Tensor], Tensor]) -> T
     return x
 
 
-def _random_jitter_(x: Tensor, cfg: AugmentConfig, generator: torch.Generator, n: int, rows: slice) -> Tensor:
-    """ColorJitter with probability jitter_p per sample; one random order of the four ops per batch.
-    The draws are those of a batch of n, of which x holds ``rows``."""
-    dev = x.device
-    on = (_rand(n, generator, dev) < cfg.jitter_p)[rows]
-    u = _rand(4 * n, generator, dev).view(4, n)[:, rows]
-    perm = torch.randperm(4, generator=generator, device=generator.device)
+class Draws(NamedTuple):
+    """One batch's random draws for :func:`augment`, on the batch's device: with the images, all the
+    augmentation depends on. Drawn by :func:`draw` in one fixed order; :func:`apply` is a pure function of
+    images and draws (``pretrain --compile`` compiles it)."""
+
+    boxes: Tensor  # (B, 4) crop boxes (x0, y0, w, h) px
+    flip: Tensor  # (B,) bool
+    jitter_on: Tensor  # (B,) bool
+    jitter_u: Tensor  # (4, B) uniforms of the brightness, contrast, saturation and hue factors
+    order: Tensor  # (4,) the batch's order of the four jitter ops (torchvision's randperm)
+    gray: Tensor  # (B,) bool
+    blur: Tensor  # (B,) bool
+    sigma: Tensor  # (B,) blur sigma px
+
+
+def draw(cfg: AugmentConfig, n: int, h: int, w: int, generator: torch.Generator, device: torch.device | str,
+         rows: slice | None = None) -> Draws:
+    """The draws of a batch of n images of h x w px; ``rows``: the share of them this call augments."""
+    rows = slice(0, n) if rows is None else rows
+    boxes = sample_crop_boxes(n, h, w, cfg.crop_scale, cfg.crop_ratio, generator, device)[rows]
+    flip = (_rand(n, generator, device) < cfg.flip_p)[rows]
+    jitter_on = (_rand(n, generator, device) < cfg.jitter_p)[rows]
+    jitter_u = _rand(4 * n, generator, device).view(4, n)[:, rows]
+    order = to_device(torch.randperm(4, generator=generator, device=generator.device), device)
+    gray = (_rand(n, generator, device) < cfg.grayscale_p)[rows]
+    blur = (_rand(n, generator, device) < cfg.blur_p)[rows]
+    sigma = cfg.blur_sigma[0] + (cfg.blur_sigma[1] - cfg.blur_sigma[0]) * _rand(n, generator, device)[rows]
+    return Draws(boxes, flip, jitter_on, jitter_u, order, gray, blur, sigma)
+
+
+def _random_jitter_(x: Tensor, cfg: AugmentConfig, d: Draws, sync_free: bool) -> Tensor:
+    """ColorJitter on the samples drawn for it (probability jitter_p); one random order of the four ops
+    per batch."""
     active = [i for i in range(4) if cfg.jitter[i] > 0]  # a zero strength is skipped, as torchvision does
-    s = device_constant(cfg.jitter, u.device, u.dtype)[:, None]
+    s = device_constant(cfg.jitter, d.jitter_u.device, d.jitter_u.dtype)[:, None]
+    u = d.jitter_u
     # Factors ~ U(1 - s, 1 + s) for brightness, contrast, saturation; hue shift ~ U(-s, s) (torchvision).
     params = torch.cat((1 - s[:3] + 2 * s[:3] * u[:3], s[3:] * (2 * u[3:] - 1)))  # (4, B)
     kernels = (_brightness_, _contrast_, _saturation_, _hue_)
 
-    if _sync_free(x):  # the order stays on the device: at each of the 4 places, the op drawn for it
+    if sync_free:  # the order stays on the device: at each of the 4 places, the op drawn for it
         def jitter(xs: Tensor, idx: Tensor) -> Tensor:
             for place in range(4):
                 for i in active:
-                    xs = torch.where(perm[place] == i, kernels[i](xs.clone(), params[i, idx]), xs)
+                    xs = torch.where(d.order[place] == i, kernels[i](xs.clone(), params[i, idx]), xs)
             return xs
     else:
-        order = [i for i in perm.tolist() if i in active]
+        order = [i for i in d.order.tolist() if i in active]
 
         def jitter(xs: Tensor, idx: Tensor) -> Tensor:
             for i in order:
                 xs = kernels[i](xs, params[i, idx])
             return xs
 
-    return _masked_(x, on, jitter)
+    return _masked_(x, d.jitter_on, jitter, sync_free)
+
+
+def _as_float(images: Tensor) -> Tensor:
+    """uint8 (B, H, W, 3) channels-last (as the fractal renderer writes them) as float (B, 3, H, W) in
+    0..255, or float (B, 3, H, W) in [0, 1] as float32; the shape checked."""
+    if images.dtype == torch.uint8:
+        if images.ndim != 4 or images.shape[3] != 3:
+            raise ValueError(f"uint8 images must be (B, H, W, 3), got {tuple(images.shape)}")
+        return images.permute(0, 3, 1, 2).float()  # 0..255; the crop is linear, so scale its output instead
+    if images.is_floating_point():
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"float images must be (B, 3, H, W), got {tuple(images.shape)}")
+        return images.float()
+    raise TypeError(f"images must be uint8 or floating point, got {images.dtype}")
+
+
+def apply(images: Tensor, d: Draws, cfg: AugmentConfig, out_size: int | None = None,
+          sync_free: bool | None = None) -> Tensor:
+    """Augment a batch with its draws: crop + flip, colour jitter, grayscale, blur, normalise. Pure: no
+    generator, and in the sync-free form (default on accelerators, :data:`SYNC_FREE`) no read back and
+    fixed shapes, so it compiles to one graph."""
+    x = _as_float(images)
+    sync_free = _sync_free(x) if sync_free is None else sync_free
+    size = x.shape[2] if out_size is None else out_size
+    x = resized_crop(x, d.boxes, size, d.flip)  # a fresh buffer: everything below may work in place
+    if images.dtype == torch.uint8:
+        x.div_(255)
+    x = _random_jitter_(x, cfg, d, sync_free)
+    x = _masked_(x, d.gray, lambda xs, _: to_grayscale(xs), sync_free)
+    kernel = cfg.blur_kernel or blur_kernel_size(size)
+    x = _masked_(x, d.blur, lambda xs, idx: gaussian_blur(xs, d.sigma[idx], kernel), sync_free)
+    mean, std = channel_constant(cfg.mean, x.device, x.dtype), channel_constant(cfg.std, x.device, x.dtype)
+    return x.sub_(mean).div_(std)
 
 
 def augment(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,
             out_size: int | None = None, rows: tuple[int, int] | None = None) -> Tensor:
-    """Augment a batch: crop + flip, colour jitter, grayscale, blur, normalise; each sample its own draws.
+    """Augment a batch (:func:`draw`, then :func:`apply`); each sample its own draws.
 
     images: uint8 (B, H, W, 3) channels-last (as the fractal renderer writes them) or float (B, 3, H, W) in
     [0, 1], on any device. Returns float32 (B, 3, out_size, out_size), normalised; out_size defaults to H.
@@ -244,37 +305,17 @@ def augment(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,
     share of a global batch); the generator draws for the whole batch and each image gets its row's draws,
     so the shares together equal the whole batch augmented at once and the generator ends in the same state.
     """
-    if images.dtype == torch.uint8:
-        if images.ndim != 4 or images.shape[3] != 3:
-            raise ValueError(f"uint8 images must be (B, H, W, 3), got {tuple(images.shape)}")
-        x = images.permute(0, 3, 1, 2).float()  # 0..255; the crop is linear, so scale its output instead
-    elif images.is_floating_point():
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"float images must be (B, 3, H, W), got {tuple(images.shape)}")
-        x = images.float()
-    else:
-        raise TypeError(f"images must be uint8 or floating point, got {images.dtype}")
-    b, _, h, w = x.shape
+    return apply(images, draw_for(images, cfg, generator, rows), cfg, out_size)
+
+
+def draw_for(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,
+             rows: tuple[int, int] | None = None) -> Draws:
+    """:func:`draw` for this batch of images (its size and device), checked; ``rows`` as :func:`augment`."""
+    b, (h, w) = len(images), _as_float(images[:0]).shape[2:]
     start, n = rows or (0, b)
     if not 0 <= start <= n - b:
         raise ValueError(f"rows {start}..{start + b} do not lie in a batch of {n}")
-    mine = slice(start, start + b)
-    size = h if out_size is None else out_size
-    dev = x.device
-    boxes = sample_crop_boxes(n, h, w, cfg.crop_scale, cfg.crop_ratio, generator, dev)[mine]
-    flip = (_rand(n, generator, dev) < cfg.flip_p)[mine]
-    x = resized_crop(x, boxes, size, flip)  # a fresh buffer: everything below may work in place
-    if images.dtype == torch.uint8:
-        x.div_(255)
-    x = _random_jitter_(x, cfg, generator, n, mine)
-    gray = (_rand(n, generator, dev) < cfg.grayscale_p)[mine]
-    x = _masked_(x, gray, lambda xs, _: to_grayscale(xs))
-    blur = (_rand(n, generator, dev) < cfg.blur_p)[mine]
-    sigma = cfg.blur_sigma[0] + (cfg.blur_sigma[1] - cfg.blur_sigma[0]) * _rand(n, generator, dev)[mine]
-    kernel = cfg.blur_kernel or blur_kernel_size(size)
-    x = _masked_(x, blur, lambda xs, idx: gaussian_blur(xs, sigma[idx], kernel))
-    mean, std = channel_constant(cfg.mean, x.device, x.dtype), channel_constant(cfg.std, x.device, x.dtype)
-    return x.sub_(mean).div_(std)
+    return draw(cfg, n, h, w, generator, images.device, slice(start, start + b))
 
 
 def check_images(x: Tensor) -> None:

@@ -12,7 +12,6 @@ on a GPU it is a host-to-device copy.
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Sequence
 
@@ -101,14 +100,21 @@ def to_device(t: Tensor, device: torch.device | str) -> Tensor:
     return t if t.device == torch.device(device) else t.to(device)
 
 
-@functools.lru_cache(maxsize=64)
+_CONSTANTS: dict[tuple, Tensor] = {}
+
+
 def _device_constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
+    key = (values, device, dtype)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=device)
+    return _CONSTANTS[key]
 
 
 def device_constant(values: Sequence[float], device: torch.device, dtype: torch.dtype) -> Tensor:
     """``values`` as a 1-D tensor on ``device``, made once per device and dtype: copied from the host every
-    batch, it would make each step wait for the device (issue 40). Never written to."""
+    batch, it would make each step wait for the device (issue 40). Never written to. Made before torch.compile
+    traces a graph that uses it, it is one of the graph's inputs; made while tracing, the graph would make
+    it again at every call (``pretrain.compiled`` makes the augmentation's first)."""
     return _device_constant(tuple(float(v) for v in values), torch.device(device), dtype)
 
 

@@ -137,3 +137,30 @@ def test_the_flag_is_in_the_cli_and_its_help(tmp_path, monkeypatch, capsys):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
     saved = json.loads((tmp_path / "c.run" / "config.json").read_text())
     assert saved["run"]["compile"] == "True"
+
+
+@pytest.mark.parametrize("backend,tol", [("aot_eager", 0.0),
+                                         pytest.param("inductor", 1e-4, marks=pytest.mark.slow)])
+def test_compiled_views_equal_the_eager_views_and_read_nothing_back(backend, tol):
+    """The views ``--compile`` makes on an accelerator (``compiled_views``: the sync-free form as one graph,
+    ``fullgraph`` so any graph break fails) equal the eager host form's from the same generator, batch
+    after batch without recompiling. aot_eager runs the eager kernels: equal bit for bit. Inductor fuses
+    and rounds otherwise (2 views of 256 at 32 px: at most 6e-6 apart, the views normalised to about +-2):
+    a tolerance of 1e-4, far below what a wrong op does (a flip or a jitter order moves pixels by 0.1-2)."""
+    from fpsfl.base.images import AugmentConfig
+    from fractals.stream import augment_views
+    from pretrain.compiled import compiled_views
+    torch._dynamo.reset()
+    pairs = torch.randint(0, 256, (2, 8, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator())
+    cfg = AugmentConfig()
+    eager_gen, gen = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    applier = compiled_views(backend)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for batch in range(3):
+            expected = augment_views(pairs, 2, cfg, eager_gen)  # on the CPU: the host form
+            with SyncCounter() as counter:
+                views = augment_views(pairs, 2, cfg, gen, applier=applier)
+            if batch:  # the first call compiles (and makes the device constants)
+                assert counter.total == 0, dict(counter.calls)
+            assert views.shape == expected.shape == (2, 8, 3, 16, 16)
+            assert (views - expected).abs().max().item() <= tol, batch
