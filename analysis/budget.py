@@ -18,11 +18,14 @@ started from them (and from random init), draws against the number of FPS pairs 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from fpsfl.base.checkpoint import load_checkpoint
 from fpsfl.base.cli import TEXT
@@ -43,17 +46,32 @@ def pairs_seen(ckpt: dict, path: str) -> int:
     return ckpt["epoch"] * per_epoch
 
 
-def run_signals(path: str, epoch: int) -> dict[str, float]:
+def run_signals(path: str, epoch: int, cache: dict[Path, list[dict]] | None = None) -> dict[str, float]:
     """RankMe and z_std of ``epoch`` from the run directory beside the checkpoint (fps.ckpt or a kept
-    fps.e0004.ckpt -> fps.run/metrics.jsonl); empty when the run directory is not there."""
+    fps.e0004.ckpt -> fps.run/metrics.jsonl); empty when the run directory is not there. ``cache`` holds
+    the records of the run directories read so far, so each is read (and warned about) once."""
     p = Path(path)
-    metrics = p.with_name(re.sub(r"\.e\d{4,}$", "", p.stem) + ".run") / "metrics.jsonl"
-    if not metrics.is_file():
+    run_dir = p.with_name(re.sub(r"\.e\d{4,}$", "", p.stem) + ".run")
+    if not (run_dir / "metrics.jsonl").is_file():
         return {}
-    for record in read_metrics(metrics.parent, "pretrain", "epoch"):  # a torn last line: no signals
+    cache = {} if cache is None else cache
+    if run_dir not in cache:  # a torn last line: no signals for it
+        cache[run_dir] = list(read_metrics(run_dir, "pretrain", "epoch"))
+    for record in cache[run_dir]:
         if record.get("epoch") == epoch:
             return {k: float(record[k]) for k in SIGNALS if k in record}
     return {}
+
+
+def weights_digest(ckpt: dict) -> str:
+    """sha256 of a checkpoint's backbone tensors (names, dtypes, shapes and bytes), to find the same
+    weights under two names (a run's final file and its last kept epoch, or one seed run twice)."""
+    h = hashlib.sha256()
+    for name, t in sorted(ckpt["backbone"].items()):
+        t = t.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def _final_accs(runs: list[Run]) -> list[float]:
@@ -66,19 +84,27 @@ def budget_points(checkpoints: list[str], runs: list[Run], data, device: str, se
     of the runs that any of its checkpoints initialised; the random baseline over ``seeds`` for the first
     checkpoint's architecture (a study has one)."""
     by_pairs: dict[int, list[dict]] = defaultdict(list)
-    random, dev = None, resolve_device(device)
+    random, dev, records, seen = None, resolve_device(device), {}, {}
     for path in checkpoints:
         ckpt = load_checkpoint(path)
+        digest = weights_digest(ckpt)
+        if digest in seen:  # counted twice, it would be two seeds of one budget that agree exactly
+            print(f"analyze: note: {path} holds the same weights as {seen[digest][0]}: counted once",
+                  file=sys.stderr)
+            seen[digest].append(path)  # a federated run from either name is one from these weights
+            continue
+        seen[digest] = [path]
         result = probe_checkpoint(path, data, input_size, dev, bn)
         if random is None:
             random = random_baseline(result["arch"], result["width"], data, result["input_size"], dev, seeds,
                                      bn)
         by_pairs[pairs_seen(ckpt, path)].append(
-            {"checkpoint": path, "seed": ckpt["config"].get("pretrain", {}).get("seed"), **result["probe"],
-             "deepest_cos": result["deepest_cos"], **run_signals(path, ckpt["epoch"])})
+            {"checkpoint": path, "weights_sha256": digest,
+             "seed": ckpt["config"].get("pretrain", {}).get("seed"), **result["probe"],
+             "deepest_cos": result["deepest_cos"], **run_signals(path, ckpt["epoch"], records)})
     points = []
     for pairs, members in sorted(by_pairs.items()):
-        paths = {Path(m["checkpoint"]).resolve() for m in members}
+        paths = {Path(p).resolve() for m in members for p in seen[m["weights_sha256"]]}
         mine = [r for r in runs if Path(r.config.init).resolve() in paths]
         points.append({"pairs": pairs, "checkpoints": members, "federated": _final_accs(mine),
                        **{k: [m[k] for m in members if k in m]

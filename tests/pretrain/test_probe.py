@@ -108,10 +108,13 @@ def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, cap
                          "--pairs-per-epoch", str(pairs // 2), "--batch-size", "16", "--device", "cpu",
                          "--seed", str(seed), "--quiet", "--keep-every", "1", "--out", str(out)]) == 0
         ckpts.append(str(out))
+    final = ckpts[0]  # the same weights as its last kept epoch: counted once, a run from either name found
     ckpts[0] = str(tmp_path / "b32-s0.e0002.ckpt")  # a kept epoch finds its run directory too
+    ckpts += [final, str(tmp_path / "b64-s0.e0001.ckpt")]  # the 64-pair run after 32 pairs: a second seed
+    (tmp_path / "b64-s0.run" / "state.pt").unlink()  # its metrics unverified: said once for its 2 files
     tiny = ["--width", "0.25", "--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
             "--quiet", "--alpha", "1.0", "--batch-size", "32", "--no-eval-local"]
-    for init, seed in ((ckpts[0], 0), (ckpts[0], 1), ("random", 0)):
+    for init, seed in ((ckpts[0], 0), (final, 1), ("random", 0)):
         name = f"fl-{'random' if init == 'random' else 'b32'}-{seed}"
         assert federate([*tiny, "--init", init, "--seed", str(seed), "--out", str(tmp_path / name)]) == 0
     capsys.readouterr()
@@ -121,10 +124,12 @@ def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, cap
     assert [p["pairs"] for p in record["points"]] == [32, 64]
     assert len(record["points"][0]["federated"]) == 2 and record["points"][1]["federated"] == []
     assert len(record["random_federated"]) == 1 and (tmp_path / "b" / "budget.png").is_file()
-    assert [len(p["checkpoints"]) for p in record["points"]] == [1, 2]
+    assert [len(p["checkpoints"]) for p in record["points"]] == [2, 2]
     assert all(len(p["rankme"]) == len(p["knn_acc"]) == len(p["checkpoints"]) for p in record["points"])
     assert 0 < record["points"][1]["z_std"][0] < 1
-    assert "pairs: kNN" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "pairs: kNN" in printed.out
+    assert printed.err.count("holds the same weights as") == 1 and printed.err.count("no state.pt") == 1
 
 
 def test_effective_rank_matches_the_rankme_definition():
