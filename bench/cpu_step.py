@@ -15,7 +15,7 @@ two 256-bit FMA pipes, as on AVX2 and on Zen 4's double-pumped AVX-512). Variant
 ``--pretrain simsiam|mocov2`` times a pre-training step instead (issue 40): the two views' augmentation
 from uint8 pairs, the method's forward and loss, backward, SGD and the method's after-step (MoCo's momentum
 update), as ``pretrain``'s loop runs it, at ``--size`` px (default 32) with the method's default heads;
-variants ``eager`` and ``compile`` (``pretrain --compile``: :func:`pretrain.train.compile_step`).
+variants ``eager`` and ``compile`` (``pretrain --compile``: :func:`pretrain.compiled.compile_step`).
 
 Each variant runs ``--steps`` steps twice from the same weights: ``repeatable`` says whether the two runs end
 with bit-identical weights (what a variant must keep at a given thread count). Wall time per step and the

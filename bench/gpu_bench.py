@@ -11,7 +11,7 @@ while the time budget (``--budget``, default 440 s) leaves room for it:
   2026-11-25 measured). A warm-up epoch (cuDNN's autotuning, compilation: its seconds are ``warmup_s``), then
   an epoch of 200 steps, timed as ``pretrain`` times an epoch (no profiling syncs). SimSiam, ResNet20 at
   32 px, batch 256, bf16 autocast (the recipes' ``--amp``), eager (``pretrain``'s default, cuDNN benchmark
-  off) and ``--compile`` (:func:`pretrain.train.compile_step`, inductor; on a GPU the views too,
+  off) and ``--compile`` (:func:`pretrain.compiled.compile_step`, inductor; on a GPU the views too,
   :func:`pretrain.compiled.compile_augment`).
 - ``federate``: local-training image-steps/s on CIFAR-10-shaped random data (half of CIFAR-10's 50,000 train
   images, 10 clients, Dir(0.3), 1 local epoch, batch 32, ResNet20, FedAvg), one client at a time

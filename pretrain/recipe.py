@@ -141,9 +141,10 @@ class RunOptions(RunFlags):
     profile: bool = setting(False, "time data wait / augmentation / compute separately and print them as "
                                    "JSON", group="run")
     compile: bool = setting(False, "torch.compile the training step (forward, loss and backward; the "
-                                   "optimiser stays eager, foreach on a GPU) and let cuDNN autotune its "
-                                   "convolutions: meant for GPUs. The first steps pay the compilation (about "
-                                   "a minute); results equal eager ones up to float rounding "
+                                   "optimiser stays eager, foreach on a GPU; on a GPU the augmentation too) "
+                                   "and let cuDNN autotune its convolutions: meant for GPUs. The first "
+                                   "steps pay the compilation (about a minute); results equal eager ones up "
+                                   "to float rounding "
                                    "(docs/performance.md: Compiled steps)", group="run")
     probe: str | None = setting(None, "kNN-probe the backbone's frozen features on this labelled set while "
                                       "pre-training (metrics.jsonl: probe_knn_acc; the random init's: "
