@@ -262,18 +262,27 @@ def _random_jitter_(x: Tensor, cfg: AugmentConfig, d: Draws, sync_free: bool) ->
     return _masked_(x, d.jitter_on, jitter, sync_free)
 
 
-def _as_float(images: Tensor) -> Tensor:
-    """uint8 (B, H, W, 3) channels-last (as the fractal renderer writes them) as float (B, 3, H, W) in
-    0..255, or float (B, 3, H, W) in [0, 1] as float32; the shape checked."""
+def _image_size(images: Tensor) -> tuple[int, int]:
+    """(H, W) of uint8 (B, H, W, 3) channels-last images (as the fractal renderer writes them) or float
+    (B, 3, H, W) ones; the layout checked."""
     if images.dtype == torch.uint8:
         if images.ndim != 4 or images.shape[3] != 3:
             raise ValueError(f"uint8 images must be (B, H, W, 3), got {tuple(images.shape)}")
-        return images.permute(0, 3, 1, 2).float()  # 0..255; the crop is linear, so scale its output instead
+        return images.shape[1], images.shape[2]
     if images.is_floating_point():
         if images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"float images must be (B, 3, H, W), got {tuple(images.shape)}")
-        return images.float()
+        return images.shape[2], images.shape[3]
     raise TypeError(f"images must be uint8 or floating point, got {images.dtype}")
+
+
+def _as_float(images: Tensor) -> Tensor:
+    """The images (checked by :func:`_image_size`) as float32 (B, 3, H, W): uint8 in 0..255, float in
+    [0, 1]."""
+    _image_size(images)
+    if images.dtype == torch.uint8:
+        return images.permute(0, 3, 1, 2).float()  # 0..255; the crop is linear, so scale its output instead
+    return images.float()
 
 
 def apply(images: Tensor, d: Draws, cfg: AugmentConfig, out_size: int | None = None,
@@ -311,7 +320,7 @@ def augment(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,
 def draw_for(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,
              rows: tuple[int, int] | None = None) -> Draws:
     """:func:`draw` for this batch of images (its size and device), checked; ``rows`` as :func:`augment`."""
-    b, (h, w) = len(images), _as_float(images[:0]).shape[2:]
+    b, (h, w) = len(images), _image_size(images)
     start, n = rows or (0, b)
     if not 0 <= start <= n - b:
         raise ValueError(f"rows {start}..{start + b} do not lie in a batch of {n}")
