@@ -15,9 +15,11 @@ another). Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,6 +36,51 @@ def cifar_shaped(scale: float, seed: int = 0) -> ImageData:
     x = torch.randint(0, 256, (n + m, 32, 32, 3), generator=g, dtype=torch.uint8)
     y = torch.randint(0, 10, (n + m,), generator=g)
     return ImageData(x[:n], y[:n], x[n:], y[n:], x[:0], y[:0], 10, [str(c) for c in range(10)], None, 32)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def timed_training(device: torch.device, log: list[tuple[float, int]],
+                   before: Callable[[int], None] | None = None):
+    """Wrap federate's in-process dispatcher: each round's local training timed (a sync before and after)
+    with its image-steps (the clients' samples x local epochs); ``before(round)`` may stop the run."""
+    import federated.rounds as rounds
+
+    inner = rounds.train_in_process
+
+    def timed(s, cfg, plan, device_, bar):
+        if before is not None:
+            before(plan.rnd)
+        sync(device)
+        t = time.perf_counter()
+        out = inner(s, cfg, plan, device_, bar)
+        sync(device)
+        log.append((time.perf_counter() - t, sum(len(p) for pools in plan.pools for p in pools)))
+        return out
+    rounds.train_in_process = timed
+    try:
+        yield
+    finally:
+        rounds.train_in_process = inner
+
+
+@contextlib.contextmanager
+def vectorised_on_cpu(allow: bool):
+    """The dry run's vectorised clients: federate refuses --client-batch K > 1 on a CPU (it cannot equal
+    K = 1 there), which is no matter for a timing."""
+    import federated.runner as runner
+
+    refuse = runner.check_client_batch
+    if allow:
+        runner.check_client_batch = lambda cfg, device: None
+    try:
+        yield
+    finally:
+        runner.check_client_batch = refuse
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ while the time budget (``--budget``, default 440 s) leaves room for it:
   on, ``--client-batch auto``) for as many rounds as the budget allows while keeping room for the rows after
   it (at least 2 when they fit), extrapolated: first round + 99 x the mean of the later ones.
 - ``pretrain`` at 224 px (ResNet18, batch 64, eager and compiled), then MoCo-v2 at 32 px, if time allows.
+- ``federate`` one client at a time with ``--compile`` (:func:`federated.local.compile_model`), if time
+  allows: the same setting as the eager row, whose first round holds the compilation.
 
 ``--dry-run`` runs every measurement on the CPU at tiny sizes (compiled rows with the ``aot_eager`` backend,
 vectorised clients allowed on the CPU) in about 20 s, and ``--check FILE`` verifies a file's lines.
@@ -31,7 +33,6 @@ vectorised clients allowed on the CPU) in about 20 s, and ``--check FILE`` verif
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -146,11 +147,6 @@ class Lines:
         return record
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 class FixedPairs:
     """A ``pretrain`` source of ``steps`` batches, all one batch of uint8 pairs already on the device."""
 
@@ -197,48 +193,8 @@ def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
             "warmup_steps": sizes.warm_steps, "loss": round(record["loss"], 4)}
 
 
-@contextlib.contextmanager
-def timed_training(device: torch.device, log: list[tuple[float, int]],
-                   before: Callable[[int], None] | None = None):
-    """Wrap federate's in-process dispatcher: each round's local training timed (a sync before and after)
-    with its image-steps (the clients' samples x local epochs); ``before(round)`` may stop the run."""
-    import federated.rounds as rounds
-
-    inner = rounds.train_in_process
-
-    def timed(s, cfg, plan, device_, bar):
-        if before is not None:
-            before(plan.rnd)
-        sync(device)
-        t = time.perf_counter()
-        out = inner(s, cfg, plan, device_, bar)
-        sync(device)
-        log.append((time.perf_counter() - t, sum(len(p) for pools in plan.pools for p in pools)))
-        return out
-    rounds.train_in_process = timed
-    try:
-        yield
-    finally:
-        rounds.train_in_process = inner
-
-
-@contextlib.contextmanager
-def vectorised_on_cpu(allow: bool):
-    """The dry run's vectorised clients: federate refuses --client-batch K > 1 on a CPU (it cannot equal
-    K = 1 there), which is no matter for a timing."""
-    import federated.runner as runner
-
-    refuse = runner.check_client_batch
-    if allow:
-        runner.check_client_batch = lambda cfg, device: None
-    try:
-        yield
-    finally:
-        runner.check_client_batch = refuse
-
-
-def federate_rate(sizes: Sizes, device: torch.device, k: int, tmp: Path) -> dict:
-    from federate_round import cifar_shaped
+def federate_rate(sizes: Sizes, device: torch.device, k: int, tmp: Path, compiled: bool = False) -> dict:
+    from federate_round import cifar_shaped, timed_training, vectorised_on_cpu
 
     from federated.experiment import FederateConfig, RunOptions
     from federated.runner import run as federate
@@ -247,13 +203,17 @@ def federate_rate(sizes: Sizes, device: torch.device, k: int, tmp: Path) -> dict
                          eval_local=False, **sizes.fed)
     log: list[tuple[float, int]] = []
     with timed_training(device, log), vectorised_on_cpu(device.type == "cpu" and k > 1):
-        rows = federate(cfg, RunOptions(out=tmp / f"fed-k{k}", device=str(device), progress=False),
-                        cifar_shaped(sizes.fed_scale))
+        rows = federate(cfg, RunOptions(out=tmp / f"fed-k{k}{'-compiled' * compiled}", device=str(device),
+                                        progress=False, compile=compiled), cifar_shaped(sizes.fed_scale))
     seconds, images = log[-1]
-    return {"client_batch": k, "clients": cfg.clients, "scale": sizes.fed_scale, "local_epochs": 1,
+    return {"client_batch": k, "compiled": compiled, "clients": cfg.clients, "scale": sizes.fed_scale,
+            "local_epochs": 1,
             "batch": 32, "image_steps_per_s": round(images / seconds, 1), "train_s": round(seconds, 2),
             "images": images, "round_s": [round(r["seconds"], 2) for r in rows],
             "first_round_train_s": round(log[0][0], 2)}
+
+
+COMPILED_CLIENT = "one client at a time, compiled"
 
 
 class OutOfBudget(Exception):
@@ -268,7 +228,7 @@ def first_round_s(sizes: Sizes, vectorised: dict) -> float:
 
 
 def table2_run(sizes: Sizes, device: torch.device, lines: Lines, tmp: Path) -> dict:
-    from federate_round import cifar_shaped
+    from federate_round import cifar_shaped, timed_training
 
     from federated.experiment import FederateConfig, RunOptions
     from federated.runner import run as federate
@@ -334,6 +294,9 @@ def measure_all(sizes: Sizes, out_dir: Path, budget: float, skip: frozenset[str]
                       first_round_s(sizes, rates[-1]))
         for row in sizes.later:
             lines.measure("pretrain", row.name, lambda r=row: pretrain_rate(r, sizes, device), row.need_s)
+        # federate --compile (its first round holds the compilation; the rate is the second round's)
+        lines.measure("federate", COMPILED_CLIENT, lambda: federate_rate(sizes, device, 1, work, True),
+                      2 * sizes.fed_need_s)
     return path
 
 
@@ -346,7 +309,8 @@ def check(path: Path, sizes: Sizes) -> list[str]:
     problems = [f"{r['bench']} {r.get('name', '')}: {r['status']} {r.get('error', r.get('reason', ''))}"
                 for r in records if r.get("status") != "ok"]
     want = {("pretrain", r.name) for r in (*sizes.first, *sizes.later)} | {("table2", "fedavg-cifar10")}
-    want |= {("federate", "one client at a time"), ("federate", "vectorised"), ("environment", None)}
+    want |= {("federate", "one client at a time"), ("federate", "vectorised"), ("federate", COMPILED_CLIENT),
+             ("environment", None)}
     found = {(r["bench"], r.get("name")) for r in records}
     problems += [f"missing: {b} {n or ''}" for b, n in sorted(want - found, key=str)]
     if any("device" not in r for r in records):

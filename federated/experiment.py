@@ -243,6 +243,11 @@ class RunOptions(RunFlags):
     node_wait: float = setting(600.0, "--engine flower: seconds the first round waits for every client's "
                                       "node to be online (later rounds go on with --min-replies)",
                                within="(0, inf)", metavar="S", group="run")
+    compile: bool = setting(False, "torch.compile each client's forward and backward when clients train "
+                                   "one at a time in process (--client-batch 1; vectorised clients and "
+                                   "Flower ClientApps stay eager); for a GPU, where a step is bound by its "
+                                   "launches (docs/performance.md); results equal eager ones within float "
+                                   "rounding", group="run")
     log_rounds: bool = setting(False, cli=False)  # a line per round (flwr run: no bar; visible in flwr log)
 
     def __post_init__(self) -> None:

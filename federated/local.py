@@ -9,12 +9,15 @@ batch by batch ahead of use (:mod:`federated.datasets.stream`).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from pretrain.compiled import COMPILE_BACKEND_ENV
 
 from .algorithms import ClientContext, FedAvg
 from .datasets.stream import fetch, on_device
@@ -49,6 +52,19 @@ def epoch_batches(pools: list[Tensor], batch_size: int, order_gen: torch.Generat
     return batches
 
 
+def compile_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """``federate --compile`` (issue 40): ``model``'s forward, and through AOTAutograd its backward, compiled
+    in place by torch.compile (``nn.Module.compile``: the same module, parameters and state-dict names, so a
+    client's start state loads into it as into the eager model, and a deep copy of it is eager again). The
+    algorithm's loss terms and the optimiser step stay eager. Shapes are static until a client's short
+    last batch, whose recompilation makes the batch dimension dynamic: two or three graphs for a run. On
+    CUDA cuDNN then times each convolution's algorithms once per shape (``cudnn.benchmark``)."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    model.compile(backend=os.environ.get(COMPILE_BACKEND_ENV, "inductor"))
+    return model
+
+
 @contextmanager
 def one_value_batchnorm(model: nn.Module, on: bool = True) -> Iterator[None]:
     """While ``on``, a BatchNorm layer that sees one value per channel normalises that input with its running
@@ -60,6 +76,14 @@ def one_value_batchnorm(model: nn.Module, on: bool = True) -> Iterator[None]:
     if not on:
         yield
         return
+    with torch.compiler.set_stance("force_eager"):  # a rare step: no graphs traced for its hooks
+        with _switching(model):
+            yield
+
+
+@contextmanager
+def _switching(model: nn.Module) -> Iterator[None]:
+    """:func:`one_value_batchnorm`'s hooks: eval mode for the calls of a BatchNorm that sees one value."""
     switched: set[nn.Module] = set()
 
     def before(layer: nn.Module, args: tuple) -> None:

@@ -31,7 +31,7 @@ from .aggregate import State
 from .algorithms import ClientContext, ClientResult, FedAvg
 from .batched import ClientJob, evaluate_batched, train_batched
 from .experiment import FederateConfig
-from .local import epoch_batches, local_train, make_optimizer
+from .local import compile_model, epoch_batches, local_train, make_optimizer
 from .oracle.tracking import Tracker
 from .partitions import client_noise
 from .seeding import client_generators, round_rng
@@ -153,10 +153,21 @@ def train_in_process(s: Setup, cfg: FederateConfig, plan: RoundPlan, device: tor
     return results, losses, {}
 
 
+def local_model(s: Setup, vectorised: bool = False) -> nn.Module:
+    """A copy of the global model for the clients to train in, each from its start state (:func:`_train_one`
+    overwrites it), compiled with ``--compile`` unless the clients are vectorised (``--client-batch K``
+    uses it only as the template of their stacked tensors). Dynamo's graphs belong to the model's code, not
+    to the copy: the copies of later rounds reuse the first round's (tests/federated/test_compile.py)."""
+    local = copy.deepcopy(s.model)
+    if s.compile and not vectorised:
+        compile_model(local, next(local.parameters()).device)
+    return local
+
+
 def train_client(s: Setup, cfg: FederateConfig, job: ClientJob) -> tuple[ClientResult, float]:
     """One client's local training and client step, as the in-process engine runs it with --client-batch 1
     (the Flower ClientApp calls this)."""
-    local = copy.deepcopy(s.model)
+    local = local_model(s)
     state, loss = _train_one(s, cfg, job, local)
     return finish_job(s.algo, cfg, job, state, local), loss
 
@@ -227,7 +238,7 @@ def _train_jobs(s: Setup, cfg: FederateConfig, jobs: list[ClientJob], k: int,
     """Each job's final state and mean loss: ``k`` clients at a time as one vectorised model, or (k = 1)
     one after another with torch.optim, as the paper's loop."""
     states, losses = [], []
-    local = copy.deepcopy(s.model)
+    local = local_model(s, vectorised=k > 1)
     x, y = s.data.train_x, s.data.train_y
     for first in range(0, len(jobs), k):
         chunk = jobs[first:first + k]
@@ -320,7 +331,10 @@ class Federated:
             asked = cfg.client_batch not in (None, 1)
             return [f"--client-batch {cfg.client_batch}: each Flower client trains alone (--engine flower)"
                     ] if asked else []
-        note = client_batch(cfg, self.s.task, next(self.s.model.parameters()).device, cfg.clients)[1]
+        k, note = client_batch(cfg, self.s.task, next(self.s.model.parameters()).device, cfg.clients)
+        if self.s.compile and k > 1:
+            note = (note + "; " if note else "") + (f"--compile: the {k} vectorised clients run eagerly "
+                                                    f"(--client-batch 1 compiles the one-client step)")
         return [note] if note else []
 
     def round(self, rnd: int, bar: tqdm | None) -> dict:

@@ -77,6 +77,7 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
             if size_note and opts.progress:
                 tqdm.write(size_note)
         s = setup(cfg, device, data, load_init=not resume, init=source)
+        s.compile = opts.compile and opts.engine == "inprocess"
         if source is not None:  # a self-pre-trained --init must have seen these very client samples
             check_partition_indices(source, cfg.init_format, [p.numpy() for p in s.parts])
         if host is not None:

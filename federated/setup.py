@@ -31,6 +31,7 @@ class Setup:
     algo: FedAvg
     init_report: str
     amp: bool = False  # --amp: bf16 autocast of local training and evaluation (federated.rounds.precision)
+    compile: bool = False  # --compile: the one-client step compiled (federated.rounds.local_model)
 
 
 def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = None,

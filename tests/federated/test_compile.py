@@ -1,0 +1,128 @@
+"""``federate --compile`` (issue 40): the one-client step's forward and backward compiled
+(:func:`federated.local.compile_model`) equal the eager ones, are traced once a run rather than once a round,
+and read nothing back. The ``aot_eager`` backend (``FPSFL_TEST_COMPILE_BACKEND``) traces and splits the step
+as inductor does and runs eager kernels, so a compiled run is bit-identical to the eager run; inductor's
+fused float32 kernels round differently (docs/performance.md, Compiled steps)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from federated.algorithms import ALGORITHMS, ClientContext
+from federated.local import compile_model, epoch_batches, local_train, make_optimizer
+from federated.seeding import client_generators
+from federated.setup import setup
+from fpsfl.base.syncs import SyncCounter
+from pretrain.compiled import COMPILE_BACKEND_ENV
+from tests.federated.test_algorithms import _cfg, _final, _run, synthetic
+
+# the algorithms whose client hooks touch the forward differently: none (FedAvg), a proximal term
+# (FedProx), a gradient correction (SCAFFOLD), a second output and frozen models (MOON); the rest: -m slow
+FAST = {"fedavg", "fedprox", "scaffold", "moon"}
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "aot_eager")
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _rows(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+@pytest.mark.parametrize("algo", [a if a in FAST else pytest.param(a, marks=pytest.mark.slow)
+                                  for a in sorted(ALGORITHMS)])
+def test_a_compiled_run_equals_the_eager_run(tmp_path, aot_eager, algo):
+    """Every round's metrics and the final model bit-identical, clients one at a time (the CPU's
+    --client-batch), with short last batches of several sizes (recompiled with a dynamic batch)."""
+    cfg = _cfg(algo, alpha=0.5)
+    eager = _run(tmp_path, cfg, "eager")
+    compiled = _run(tmp_path, cfg, "compiled", compile=True)
+    assert _rows(compiled) == _rows(eager)
+    a, b = _final(tmp_path, "eager"), _final(tmp_path, "compiled")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def _local(compiled: bool, batch: int, steps: int, size: int | None = None) -> dict:
+    """``steps`` local steps of FedAvg at ``batch`` samples (epoch_batches, as a client's local training),
+    from the same model, eager or compiled, on ``size`` px inputs: the final state."""
+    cfg = _cfg("fedavg", clients=1, rounds=1, partition="iid", input_size=size)
+    s = setup(cfg, torch.device("cpu"), synthetic(n_train=128))
+    model = copy.deepcopy(s.model)
+    if compiled:
+        compile_model(model, torch.device("cpu"))
+    algo = ALGORITHMS["fedavg"](cfg.algo_config(), [len(s.parts[0])], np.ones((1, 4)))
+    algo.attach(model)
+    ctx = ClientContext(0, copy.deepcopy(model).eval().requires_grad_(False), 0.05, 0.9, algo.clients[0])
+    order, aug = client_generators(0, 0, 0, torch.device("cpu"))
+    optimizer = make_optimizer(model, "sgd", 0.05, 0.9, 1e-4)
+    batches = epoch_batches([s.parts[0]], batch, order)[:steps]
+    local_train(model, optimizer, algo, ctx, s.task, s.data.train_x, s.data.train_y, batches, aug)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_one_sample_steps_run_eagerly_and_equal_the_eager_steps(aot_eager):
+    """A client's one-sample batches: BatchNorm layers that see one value switch to their running
+    statistics through hooks added for the step (``one_value_batchnorm``); with --compile those rare steps
+    run eagerly. At 4 px ResNet20's last stage sees 1x1 maps, where the hooks switch."""
+    eager, compiled = _local(False, 1, 6, 4), _local(True, 1, 6, 4)
+    assert all(torch.equal(eager[k], compiled[k]) for k in eager)
+
+
+def test_the_step_is_traced_once_a_run_not_once_a_round(tmp_path, aot_eager, monkeypatch):
+    """Three rounds of three clients trace as many graphs as one round: each round's fresh copy of the
+    model (:func:`federated.rounds.local_model`) reuses the graphs of the first."""
+    import torch._dynamo
+
+    traced: list[int] = []
+
+    def counting(gm, inputs):
+        traced.append(len(gm.graph.nodes))
+        return gm.forward
+    torch._dynamo.register_backend(counting, name="fpsfl_test_counting")
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, "fpsfl_test_counting")
+    _run(tmp_path, _cfg("fedavg", rounds=1, alpha=0.5), "one", compile=True)
+    after_one = len(traced)
+    torch._dynamo.reset()
+    traced.clear()
+    _run(tmp_path, _cfg("fedavg", rounds=3, alpha=0.5), "three", compile=True)
+    assert 1 <= after_one <= 3, after_one  # a full batch, then a dynamic batch for the short ones
+    assert len(traced) == after_one, (after_one, len(traced))
+
+
+def test_a_compiled_local_step_reads_nothing_back(aot_eager):
+    cfg = _cfg("fedavg", clients=1, rounds=1, partition="iid")
+    s = setup(cfg, torch.device("cpu"), synthetic(n_train=128))
+    model = compile_model(copy.deepcopy(s.model), torch.device("cpu"))
+    algo = ALGORITHMS["fedavg"](cfg.algo_config(), [len(s.parts[0])], np.ones((1, 4)))
+    algo.attach(model)
+    ctx = ClientContext(0, copy.deepcopy(model).eval().requires_grad_(False), 0.05, 0.9, algo.clients[0])
+    order, aug = client_generators(0, 0, 0, torch.device("cpu"))
+    optimizer = make_optimizer(model, "sgd", 0.05, 0.9, 1e-4)
+    batches = [b for b in epoch_batches([s.parts[0]] * 2, 16, order) if len(b) == 16]
+
+    def train(steps):
+        local_train(model, optimizer, algo, ctx, s.task, s.data.train_x, s.data.train_y, steps, aug,
+                    check_every=0)
+    with SyncCounter():  # compiles (Dynamo's guards include the active mode)
+        train(batches[:1])
+    with SyncCounter() as counter:
+        train(batches)
+    assert len(batches) >= 8
+    assert dict(counter.calls) == {"item": 1}  # the summed loss, read once after the last step
+
+
+def test_the_flag_is_in_the_cli_help(capsys):
+    from federated.cli import main
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "--compile" in capsys.readouterr().out
