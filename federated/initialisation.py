@@ -36,14 +36,15 @@ IMAGENET_FILES = {
 
 # checkpoints that ship with fpsfl, made by its own `pretrain` (weights/README.md says how each was made):
 # the paper's recipe (Appendix A.2, a GPU run) and the CPU run of the short recipe, whose backbone moved and
-# beats random init on the fair probe, at temperature 0.2 and 0.5, and the same recipe over twice the pairs
-# on one H200 (issue 38; the two SimSiam files before them were their random init)
+# beats random init on the fair probe, at temperature 0.2 and 0.5, and the same recipe over two and four
+# times the pairs on one H200 (issue 38; the two SimSiam files before them were their random init)
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 SHIPPED = {"fps-resnet20": WEIGHTS / "fps-resnet20.ckpt",
            "fps-mocov2-resnet20": WEIGHTS / "fps-mocov2-resnet20.ckpt",
            "fps-mocov2-resnet20-cpu-1m": WEIGHTS / "fps-mocov2-resnet20-cpu-1m.ckpt",
            "fps-mocov2-t05-resnet20-cpu-1m": WEIGHTS / "fps-mocov2-t05-resnet20-cpu-1m.ckpt",
-           "fps-mocov2-t05-resnet20-h200-2m": WEIGHTS / "fps-mocov2-t05-resnet20-h200-2m.ckpt"}
+           "fps-mocov2-t05-resnet20-h200-2m": WEIGHTS / "fps-mocov2-t05-resnet20-h200-2m.ckpt",
+           "fps-mocov2-t05-resnet20-h200-4m": WEIGHTS / "fps-mocov2-t05-resnet20-h200-4m.ckpt"}
 
 
 def shipped_file(name: str) -> Path:
