@@ -9,7 +9,6 @@ batch by batch ahead of use (:mod:`federated.datasets.stream`).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from pretrain.compiled import COMPILE_BACKEND_ENV
+from fpsfl.base.device import compile_backend
 
 from .algorithms import ClientContext, FedAvg
 from .datasets.stream import fetch, on_device
@@ -61,7 +60,7 @@ def compile_model(model: nn.Module, device: torch.device) -> nn.Module:
     CUDA cuDNN then times each convolution's algorithms once per shape (``cudnn.benchmark``)."""
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    model.compile(backend=os.environ.get(COMPILE_BACKEND_ENV, "inductor"))
+    model.compile(backend=compile_backend())
     return model
 
 

@@ -4,16 +4,12 @@ the augmentation's views made from their draws, as torch.compile graphs. Eager s
 
 from __future__ import annotations
 
-import os
 from functools import partial
 
 import torch
 
+from fpsfl.base.device import COMPILE_BACKEND_ENV, compile_backend  # noqa: F401 (re-exported)
 from fractals.stream import apply_views
-
-# Tests only: the torch.compile backend of --compile (default inductor); "aot_eager" traces and splits the
-# step as inductor does but runs eager kernels, and compiles in seconds
-COMPILE_BACKEND_ENV = "FPSFL_TEST_COMPILE_BACKEND"
 
 
 def compile_step(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
@@ -24,7 +20,7 @@ def compile_step(model: torch.nn.Module, device: torch.device) -> torch.nn.Modul
     shape and keeps the fastest (``cudnn.benchmark``, process-wide, as the MoCo and SimSiam references)."""
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    return torch.compile(model, backend=os.environ.get(COMPILE_BACKEND_ENV, "inductor"), dynamic=False)
+    return torch.compile(model, backend=compile_backend(), dynamic=False)
 
 
 def compile_augment(device: torch.device):
@@ -36,7 +32,7 @@ def compile_augment(device: torch.device):
     with inductor and 74 ms for the eager sync-free form; 2026-11-28)."""
     if device.type == "cpu":
         return None
-    return compiled_views(os.environ.get(COMPILE_BACKEND_ENV, "inductor"))
+    return compiled_views(compile_backend())
 
 
 def compiled_views(backend: str):

@@ -1,4 +1,5 @@
-"""Which torch device a ``--device`` flag means, and its name for benchmark records.
+"""Which torch device a ``--device`` flag means, its name for benchmark records, and the backend of
+``--compile``.
 
 Shared by every console script with ``--device`` (``pretrain``, ``federate``, ``analyze``, the benches);
 kept apart from :mod:`pretrain.train` so that importing it does not load the renderer and numba.
@@ -6,9 +7,19 @@ kept apart from :mod:`pretrain.train` so that importing it does not load the ren
 
 from __future__ import annotations
 
+import os
 import platform
 
 import torch
+
+# Tests only: the torch.compile backend of pretrain's and federate's --compile (default inductor); "aot_eager"
+# traces and splits a step as inductor does but runs eager kernels, and compiles in seconds
+COMPILE_BACKEND_ENV = "FPSFL_TEST_COMPILE_BACKEND"
+
+
+def compile_backend() -> str:
+    """The torch.compile backend ``--compile`` uses: inductor, unless a test names another."""
+    return os.environ.get(COMPILE_BACKEND_ENV, "inductor")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -16,8 +16,8 @@ from federated.algorithms import ALGORITHMS, ClientContext
 from federated.local import compile_model, epoch_batches, local_train, make_optimizer
 from federated.seeding import client_generators
 from federated.setup import setup
+from fpsfl.base.device import COMPILE_BACKEND_ENV
 from fpsfl.base.syncs import SyncCounter
-from pretrain.compiled import COMPILE_BACKEND_ENV
 from tests.federated.test_algorithms import _cfg, _final, _run, synthetic
 
 # the algorithms whose client hooks touch the forward differently: none (FedAvg), a proximal term
