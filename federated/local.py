@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -75,9 +75,10 @@ def one_value_batchnorm(model: nn.Module, on: bool = True) -> Iterator[None]:
     if not on:
         yield
         return
-    with torch.compiler.set_stance("force_eager"):  # a rare step: no graphs traced for its hooks
-        with _switching(model):
-            yield
+    # a rare step, run eagerly under --compile: no graphs traced for its hooks (set_stance: torch >= 2.6)
+    stance = getattr(torch.compiler, "set_stance", None)
+    with stance("force_eager") if stance is not None else nullcontext(), _switching(model):
+        yield
 
 
 @contextmanager
