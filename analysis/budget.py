@@ -8,7 +8,8 @@ started from them (and from random init), draws against the number of FPS pairs 
   BatchNorm statistics re-estimated on the probe's training images, ``--bn``), and random init is a band,
   mean ± std over ``--seeds`` random inits treated the same way;
 - how far each checkpoint's deepest stage turned from its init (cosine to init, :mod:`pretrain.signals`);
-- the label-free signals the pre-training run logged at the checkpoint's epoch (its ``metrics.jsonl``):
+- the label-free signals the pre-training run logged at the checkpoint's epoch (its ``metrics.jsonl``, or
+  the checkpoint's own ``signals`` when the run directory is not beside it or lacks that epoch's line):
   RankMe (Garrido et al., ICML 2023) on held-out fractal views and SimSiam's ``z_std``;
 - the final federated test accuracy, mean ± std over the seeds of the runs whose ``--init`` was one of
   that budget's checkpoints (the panel is left out when no run is given).
@@ -46,21 +47,25 @@ def pairs_seen(ckpt: dict, path: str) -> int:
     return ckpt["epoch"] * per_epoch
 
 
-def run_signals(path: str, epoch: int, cache: dict[Path, list[dict]] | None = None) -> dict[str, float]:
-    """RankMe and z_std of ``epoch`` from the run directory beside the checkpoint (fps.ckpt or a kept
-    fps.e0004.ckpt -> fps.run/metrics.jsonl); empty when the run directory is not there. ``cache`` holds
-    the records of the run directories read so far, so each is read (and warned about) once."""
+def run_signals(path: str, ckpt: dict, cache: dict[Path, list[dict]] | None = None) -> dict[str, float]:
+    """RankMe and z_std of the checkpoint's epoch from the run directory beside it (fps.ckpt or a kept
+    fps.e0004.ckpt -> fps.run/metrics.jsonl), else as the checkpoint itself records them (``signals``,
+    written with it at that epoch: a run directory not copied, or its line lost); empty when neither has
+    them. ``cache`` holds the records of the run directories read so far, so each is read (and warned
+    about) once."""
     p = Path(path)
     run_dir = p.with_name(re.sub(r"\.e\d{4,}$", "", p.stem) + ".run")
+    own = ckpt.get("signals") or {}
+    fallback = {k: float(own[k]) for k in SIGNALS if isinstance(own.get(k), (int, float))}
     if not (run_dir / "metrics.jsonl").is_file():
-        return {}
+        return fallback
     cache = {} if cache is None else cache
     if run_dir not in cache:  # a torn last line: no signals for it
         cache[run_dir] = list(read_metrics(run_dir, "pretrain", "epoch"))
     for record in cache[run_dir]:
-        if record.get("epoch") == epoch:
+        if record.get("epoch") == ckpt["epoch"]:
             return {k: float(record[k]) for k in SIGNALS if k in record}
-    return {}
+    return fallback
 
 
 def weights_digest(ckpt: dict) -> str:
@@ -101,7 +106,7 @@ def budget_points(checkpoints: list[str], runs: list[Run], data, device: str, se
         by_pairs[pairs_seen(ckpt, path)].append(
             {"checkpoint": path, "weights_sha256": digest,
              "seed": ckpt["config"].get("pretrain", {}).get("seed"), **result["probe"],
-             "deepest_cos": result["deepest_cos"], **run_signals(path, ckpt["epoch"], records)})
+             "deepest_cos": result["deepest_cos"], **run_signals(path, ckpt, records)})
     points = []
     for pairs, members in sorted(by_pairs.items()):
         paths = {Path(p).resolve() for m in members for p in seen[m["weights_sha256"]]}

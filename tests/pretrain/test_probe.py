@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -112,6 +113,7 @@ def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, cap
     ckpts[0] = str(tmp_path / "b32-s0.e0002.ckpt")  # a kept epoch finds its run directory too
     ckpts += [final, str(tmp_path / "b64-s0.e0001.ckpt")]  # the 64-pair run after 32 pairs: a second seed
     (tmp_path / "b64-s0.run" / "state.pt").unlink()  # its metrics unverified: said once for its 2 files
+    shutil.rmtree(tmp_path / "b64-s1.run")  # a file copied without its run directory: its own signals
     tiny = ["--width", "0.25", "--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
             "--quiet", "--alpha", "1.0", "--batch-size", "32", "--no-eval-local"]
     for init, seed in ((ckpts[0], 0), (final, 1), ("random", 0)):
@@ -127,6 +129,8 @@ def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, cap
     assert [len(p["checkpoints"]) for p in record["points"]] == [2, 2]
     assert all(len(p["rankme"]) == len(p["knn_acc"]) == len(p["checkpoints"]) for p in record["points"])
     assert 0 < record["points"][1]["z_std"][0] < 1
+    last = torch.load(tmp_path / "b64-s1.ckpt", weights_only=False)["signals"]
+    assert [m["rankme"] for m in record["points"][1]["checkpoints"] if m["seed"] == 1] == [last["rankme"]]
     printed = capsys.readouterr()
     assert "pairs: kNN" in printed.out
     assert printed.err.count("holds the same weights as") == 1 and printed.err.count("no state.pt") == 1
