@@ -207,8 +207,8 @@ def federate_rate(sizes: Sizes, device: torch.device, k: int, tmp: Path, compile
                                         progress=False, compile=compiled), cifar_shaped(sizes.fed_scale))
     seconds, images = log[-1]
     return {"client_batch": k, "compiled": compiled, "clients": cfg.clients, "scale": sizes.fed_scale,
-            "local_epochs": 1,
-            "batch": 32, "image_steps_per_s": round(images / seconds, 1), "train_s": round(seconds, 2),
+            "local_epochs": 1, "batch": 32, "image_steps_per_s": round(images / seconds, 1),
+            "train_s": round(seconds, 2),
             "images": images, "round_s": [round(r["seconds"], 2) for r in rows],
             "first_round_train_s": round(log[0][0], 2)}
 

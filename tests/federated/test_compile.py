@@ -6,19 +6,14 @@ fused float32 kernels round differently (docs/performance.md, Compiled steps).""
 
 from __future__ import annotations
 
-import copy
-
-import numpy as np
 import pytest
 import torch
 
-from federated.algorithms import ALGORITHMS, ClientContext
-from federated.local import compile_model, epoch_batches, local_train, make_optimizer
-from federated.seeding import client_generators
-from federated.setup import setup
+from federated.algorithms import ALGORITHMS
 from fpsfl.base.device import COMPILE_BACKEND_ENV
 from fpsfl.base.syncs import SyncCounter
-from tests.federated.test_algorithms import _cfg, _final, _run, synthetic
+from tests.federated.test_algorithms import _cfg, _final, _run
+from tests.fpsfl.test_syncs import one_client
 
 # the algorithms whose client hooks touch the forward differently: none (FedAvg), a proximal term
 # (FedProx), a gradient correction (SCAFFOLD), a second output and frozen models (MOON); the rest: -m slow
@@ -53,20 +48,10 @@ def test_a_compiled_run_equals_the_eager_run(tmp_path, aot_eager, algo):
 
 
 def _local(compiled: bool, batch: int, steps: int, size: int | None = None) -> dict:
-    """``steps`` local steps of FedAvg at ``batch`` samples (epoch_batches, as a client's local training),
-    from the same model, eager or compiled, on ``size`` px inputs: the final state."""
-    cfg = _cfg("fedavg", clients=1, rounds=1, partition="iid", input_size=size)
-    s = setup(cfg, torch.device("cpu"), synthetic(n_train=128))
-    model = copy.deepcopy(s.model)
-    if compiled:
-        compile_model(model, torch.device("cpu"))
-    algo = ALGORITHMS["fedavg"](cfg.algo_config(), [len(s.parts[0])], np.ones((1, 4)))
-    algo.attach(model)
-    ctx = ClientContext(0, copy.deepcopy(model).eval().requires_grad_(False), 0.05, 0.9, algo.clients[0])
-    order, aug = client_generators(0, 0, 0, torch.device("cpu"))
-    optimizer = make_optimizer(model, "sgd", 0.05, 0.9, 1e-4)
-    batches = epoch_batches([s.parts[0]], batch, order)[:steps]
-    local_train(model, optimizer, algo, ctx, s.task, s.data.train_x, s.data.train_y, batches, aug)
+    """``steps`` local steps of FedAvg at ``batch`` samples, from the same model, eager or compiled, on
+    ``size`` px inputs: the final state."""
+    train, batches, model = one_client("fedavg", 1, batch, compiled, size)
+    train(batches[:steps])
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -100,19 +85,8 @@ def test_the_step_is_traced_once_a_run_not_once_a_round(tmp_path, aot_eager, mon
 
 
 def test_a_compiled_local_step_reads_nothing_back(aot_eager):
-    cfg = _cfg("fedavg", clients=1, rounds=1, partition="iid")
-    s = setup(cfg, torch.device("cpu"), synthetic(n_train=128))
-    model = compile_model(copy.deepcopy(s.model), torch.device("cpu"))
-    algo = ALGORITHMS["fedavg"](cfg.algo_config(), [len(s.parts[0])], np.ones((1, 4)))
-    algo.attach(model)
-    ctx = ClientContext(0, copy.deepcopy(model).eval().requires_grad_(False), 0.05, 0.9, algo.clients[0])
-    order, aug = client_generators(0, 0, 0, torch.device("cpu"))
-    optimizer = make_optimizer(model, "sgd", 0.05, 0.9, 1e-4)
-    batches = [b for b in epoch_batches([s.parts[0]] * 2, 16, order) if len(b) == 16]
-
-    def train(steps):
-        local_train(model, optimizer, algo, ctx, s.task, s.data.train_x, s.data.train_y, steps, aug,
-                    check_every=0)
+    train, batches, _ = one_client("fedavg", 2, 16, compiled=True)
+    batches = [b for b in batches if len(b) == 16]
     with SyncCounter():  # compiles (Dynamo's guards include the active mode)
         train(batches[:1])
     with SyncCounter() as counter:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from federated.algorithms import ALGORITHMS, ClientContext
-from federated.local import epoch_batches, local_train, make_optimizer
+from federated.local import compile_model, epoch_batches, local_train, make_optimizer
 from federated.seeding import client_generators
 from federated.setup import setup
 from fpsfl.base.syncs import SyncCounter
@@ -52,21 +52,34 @@ def test_device_work_is_not_counted():
     assert counter.total == 0, dict(counter.calls)
 
 
-def _local_syncs(algo_name: str, epochs: int) -> tuple[int, dict]:
-    cfg = _cfg(algo_name, clients=1, rounds=1, partition="iid")
+def one_client(algo_name: str, epochs: int, batch: int, compiled: bool = False, size: int | None = None):
+    """One client's local training as federate runs it, from a fresh model (compiled in place with
+    ``compiled``, :func:`federated.local.compile_model`) on ``size`` px inputs: ``train(steps)`` runs
+    :func:`local_train` over those batches (the loss read after the last, as on a GPU), ``batches`` are
+    ``epochs`` local epochs of ``batch`` samples, and ``model`` is what trains."""
+    cfg = _cfg(algo_name, clients=1, rounds=1, partition="iid", input_size=size)
     s = setup(cfg, torch.device("cpu"), synthetic(n_train=128))
     model = copy.deepcopy(s.model)
+    if compiled:
+        compile_model(model, torch.device("cpu"))
     algo = ALGORITHMS[algo_name](cfg.algo_config(), [len(s.parts[0])], np.ones((1, 4)))
     algo.attach(model)
     ctx = ClientContext(0, copy.deepcopy(model).eval().requires_grad_(False), 0.05, 0.9, algo.clients[0])
     order, aug = client_generators(0, 0, 0, torch.device("cpu"))
     optimizer = make_optimizer(model, "sgd", 0.05, 0.9, 1e-4)
-    batches = epoch_batches([s.parts[0]] * epochs, 16, order)
-    local_train(model, optimizer, algo, ctx, s.task, s.data.train_x, s.data.train_y, batches[:1], aug,
-                check_every=0)  # warm-up: the device constants are made once
-    with SyncCounter() as counter:
-        local_train(model, optimizer, algo, ctx, s.task, s.data.train_x, s.data.train_y, batches, aug,
+    batches = epoch_batches([s.parts[0]] * epochs, batch, order)
+
+    def train(steps: list[torch.Tensor]) -> None:
+        local_train(model, optimizer, algo, ctx, s.task, s.data.train_x, s.data.train_y, steps, aug,
                     check_every=0)
+    return train, batches, model
+
+
+def _local_syncs(algo_name: str, epochs: int) -> tuple[int, dict]:
+    train, batches, _ = one_client(algo_name, epochs, 16)
+    train(batches[:1])  # warm-up: the device constants are made once
+    with SyncCounter() as counter:
+        train(batches)
     return len(batches), dict(counter.calls)
 
 
