@@ -274,7 +274,7 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     method = build_method(cfg, source.n_classes, device)
     # the initial weights, kept to measure how far each stage moves (issue 38); a resumed run rebuilds
     # them from the seed before its state replaces them
-    init = {k: v.detach().cpu().clone() for k, v in method.backbone.state_dict().items()}
+    init = {k: v.detach().cpu().clone() for k, v in method.kept_backbone().state_dict().items()}
     if d.world > 1 and method.sync_bn:
         method = distributed.sync_batchnorm(method, device)
     # channels-last on every device: the layout of GPU tensor cores, and ~20% faster ResNet20 steps on CPU
@@ -296,7 +296,7 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     initial = _probe(method, probe_data, cfg, "init") if probe_data is not None and start == 0 else {}
     watch = _rank_watch(source, method, device) if d.main else None
     if watch is not None and start == 0:
-        initial["rankme_init"] = watch.measure(method.backbone)
+        initial["rankme_init"] = watch.measure(method.kept_backbone())
     last: dict = run.last_metrics() if d.main else {}
     for epoch in range(start, cfg.epochs):
         if opts.stop_after is not None and epoch - start >= opts.stop_after:
@@ -307,10 +307,10 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
         initial = {}
         if probe_data is not None and ((epoch + 1) % opts.probe_every == 0 or epoch + 1 == cfg.epochs):
             record.update(_probe(method, probe_data, cfg))
-        drift = weight_drift(init, method.backbone.state_dict())
+        drift = weight_drift(init, method.kept_backbone().state_dict())
         record.update(flat(drift))
         if watch is not None:
-            record["rankme"] = watch.measure(method.backbone)
+            record["rankme"] = watch.measure(method.kept_backbone())
             if falling(watch.history) and not falling(watch.history[:-1]) and opts.progress:
                 first, now = watch.history[-FALL_EPOCHS - 1], watch.history[-1]
                 tqdm.write(f"note: RankMe fell in each of the last {FALL_EPOCHS} epochs ({first:.1f} -> "
@@ -321,7 +321,7 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
         if opts.progress and d.main:
             tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in record.items()}))
     if d.main and opts.progress:
-        _tell_drift(weight_drift(init, method.backbone.state_dict()))
+        _tell_drift(weight_drift(init, method.kept_backbone().state_dict()))
     return last
 
 
@@ -340,7 +340,7 @@ def _save(run: RunDir, record: dict, method: Method, optimizer: torch.optim.Opti
     repeats the epoch on --resume). The SyncBatchNorm of a multi-process run has BatchNorm's state_dict
     keys, so its checkpoint loads as one from a single process."""
     run.append_metrics(record)
-    ckpt = make_checkpoint(method.backbone, arch=cfg.arch, width=cfg.width, method=cfg.method,
+    ckpt = make_checkpoint(method.kept_backbone(), arch=cfg.arch, width=cfg.width, method=cfg.method,
                            source=cfg.source, epoch=epoch + 1, config=config)
     ckpt["signals"] = {"drift": drift, "init": f"seed {cfg.seed}",
                        **{k: v for k, v in record.items() if k in SIGNAL_KEYS}}
@@ -365,7 +365,7 @@ def _rank_watch(source, method: Method, device: torch.device) -> RankWatch | Non
 
 def _probe(method: Method, data, cfg: PretrainConfig, prefix: str = "") -> dict:
     """The kNN probe of the backbone, as metrics.jsonl keys (``probe_knn_acc``, ``probe_init_knn_acc``)."""
-    acc = probe(method.backbone, data, cfg.size, linear=False)["knn_acc"]
+    acc = probe(method.kept_backbone(), data, cfg.size, linear=False)["knn_acc"]
     return {f"probe_{prefix}_knn_acc" if prefix else "probe_knn_acc": acc}
 
 

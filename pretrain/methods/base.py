@@ -99,6 +99,11 @@ class Method(nn.Module):
     def after_step(self) -> None:
         """Called after every optimiser step."""
 
+    def kept_backbone(self) -> nn.Module:
+        """The backbone the checkpoint keeps, and the one the signals (cosine to init, RankMe, the probe)
+        describe: the trained one, unless the method keeps another (MoCo's ``keep=key``)."""
+        return self.backbone
+
     def extra_state(self) -> dict[str, Tensor]:
         """Training state outside the state_dict, saved for --resume."""
         return {}

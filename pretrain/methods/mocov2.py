@@ -5,7 +5,8 @@ feature width; ``heads=imagenet``: 2048 wide) embeds view 1; a momentum copy emb
 key. Negatives are the 65,536 most recent keys in a memory bank; the loss is InfoNCE with temperature 0.2.
 As in the MoCo reference the loss is not symmetrised. The heads, the bank's buffers and the momentum update
 come from lightly; the InfoNCE is :func:`info_nce`, equal to lightly's ``NTXentLoss`` with a bank (tested)
-but reading nothing back to the host (issue 40); the checkpoint keeps the query encoder.
+but reading nothing back to the host (issue 40); the checkpoint keeps the query encoder
+(``keep=key``: the momentum encoder).
 
 Under torchrun (He et al. 2020, §3.3, "Shuffling BN"), as the MoCo reference: the key batch is gathered from
 all processes, permuted by one permutation shared by all, and each process encodes its share, so a key's
@@ -101,6 +102,9 @@ class MoCoV2Config(MethodConfig):
     bank_size: int = setting(65_536, "keys in the memory bank (MoCo: K = 65,536)", within="[1, inf)")
     temperature: float = setting(0.2, "InfoNCE temperature (MoCo-v2)", within="(0, inf)")
     key_momentum: float = setting(0.999, "momentum of the key encoder (MoCo: m = 0.999)", within="[0, 1)")
+    keep: str = setting("query", "the encoder the checkpoint keeps: query (the MoCo reference) or key (its "
+                                 "momentum average, as BYOL's and DINO's target): docs/pretraining.md",
+                        choices=("query", "key"))
 
     def resolve(self, feature_dim: int, size: int = 32) -> MoCoV2Config:
         return filled(self, hidden_dim=IMAGENET_HIDDEN if self.heads == "imagenet" else feature_dim)
@@ -158,6 +162,9 @@ class MoCoV2(Method):
     def after_step(self) -> None:
         update_momentum(self.backbone, self.key_backbone, self.cfg.key_momentum)
         update_momentum(self.head, self.key_head, self.cfg.key_momentum)
+
+    def kept_backbone(self) -> nn.Module:
+        return self.key_backbone if self.cfg.keep == "key" else self.backbone
 
     def extra_state(self) -> dict[str, Tensor]:
         bank = self.bank  # non-persistent buffers: not in the state_dict

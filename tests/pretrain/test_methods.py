@@ -185,3 +185,41 @@ def test_every_method_lowers_its_loss_on_a_fixed_batch(name):
         method.after_step()
         losses.append(loss.item())
     assert losses[-1] < losses[0], losses
+
+
+
+@pytest.mark.parametrize("keep", ["query", "key"])
+def test_moco_checkpoint_and_signals_describe_the_kept_encoder(tmp_path, keep):
+    """``keep=key`` ships the momentum encoder: the checkpoint holds the key backbone of the training state,
+    not the query's, and its cosine to init is the key's; ``keep=query`` (the MoCo reference) the reverse.
+    A fast momentum (0.5) makes the two encoders differ after a few steps."""
+    from fpsfl.base.checkpoint import load_checkpoint, load_weights_only
+    from pretrain.recipe import PretrainConfig, RunOptions
+    from pretrain.signals import weight_drift
+    from pretrain.train import build_method, train
+
+    args = {"hidden_dim": 16, "bank_size": 32, "key_momentum": 0.5, "keep": keep}
+    cfg = PretrainConfig(source="fps", method="mocov2", method_args=args, arch="resnet20", width=0.25,
+                         size=16, batch_size=8, pairs_per_epoch=24, epochs=1)
+    opts = RunOptions(out=tmp_path / "m.ckpt", run_dir=tmp_path / "m.run", device="cpu", workers=0,
+                      progress=False)
+    train(cfg, opts)
+    ckpt = load_checkpoint(opts.out)
+    model = load_weights_only(opts.run_dir / "state.pt", "state", ValueError)["model"]
+    encoders = {name: {k.removeprefix(f"{name}."): v for k, v in model.items() if k.startswith(f"{name}.")}
+                for name in ("backbone", "key_backbone")}
+    kept, other = ("key_backbone", "backbone") if keep == "key" else ("backbone", "key_backbone")
+    assert ckpt["backbone"].keys() == encoders[kept].keys()
+    assert all(torch.equal(v, encoders[kept][k]) for k, v in ckpt["backbone"].items())
+    assert not torch.equal(ckpt["backbone"]["conv1.weight"], encoders[other]["conv1.weight"])
+    init = build_method(cfg, None, torch.device("cpu")).backbone.state_dict()
+    # the same function of the same tensors: equal exactly (a few steps move the weights by ~1e-7 only)
+    assert ckpt["signals"]["drift"] == weight_drift(init, encoders[kept])
+    assert ckpt["signals"]["drift"] != weight_drift(init, encoders[other])
+
+
+def test_methods_keep_their_trained_backbone_unless_told():
+    method = SimSiam(_tiny_backbone(), SimSiamConfig())
+    assert method.kept_backbone() is method.backbone
+    moco = MoCoV2(_tiny_backbone(), MoCoV2Config(keep="key"))
+    assert moco.kept_backbone() is moco.key_backbone is not moco.backbone
