@@ -57,10 +57,8 @@ def compile_model(model: nn.Module, device: torch.device) -> nn.Module:
     client's start state loads into it as into the eager model, and a deep copy of it is eager again). The
     algorithm's loss terms and the optimiser step stay eager. Shapes are static until a client's short
     last batch, whose recompilation makes the batch dimension dynamic: two or three graphs for a run. On
-    CUDA cuDNN then times each convolution's algorithms once per shape (``cudnn.benchmark``)."""
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-    model.compile(backend=compile_backend())
+    CUDA cuDNN then times each convolution's algorithms once per shape (:func:`compile_backend`)."""
+    model.compile(backend=compile_backend(device))
     return model
 
 

@@ -17,10 +17,8 @@ def compile_step(model: torch.nn.Module, device: torch.device) -> torch.nn.Modul
     torch.compile; AOTAutograd compiles the backward with them, and the optimiser step stays eager (foreach
     on a GPU: a learning rate that changes every epoch would recompile a compiled step). Static shapes: a
     short last batch compiles a second graph. On CUDA cuDNN then times each convolution's algorithms once per
-    shape and keeps the fastest (``cudnn.benchmark``, process-wide, as the MoCo and SimSiam references)."""
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-    return torch.compile(model, backend=compile_backend(), dynamic=False)
+    shape and keeps the fastest (:func:`compile_backend`)."""
+    return torch.compile(model, backend=compile_backend(device), dynamic=False)
 
 
 def compile_augment(device: torch.device):

@@ -36,3 +36,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _threads_restored():
+    """Whatever a test does to torch's intra-op thread count, the next test starts with the suite's: a test
+    that set one thread and left it made every later test of the run use one core of two."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

@@ -17,8 +17,12 @@ import torch
 COMPILE_BACKEND_ENV = "FPSFL_TEST_COMPILE_BACKEND"
 
 
-def compile_backend() -> str:
-    """The torch.compile backend ``--compile`` uses: inductor, unless a test names another."""
+def compile_backend(device: torch.device | None = None) -> str:
+    """The torch.compile backend ``--compile`` uses: inductor, unless a test names another. Given the
+    device, also lets cuDNN time each convolution's algorithms once per shape and keep the fastest on CUDA
+    (``cudnn.benchmark``, process-wide, as the MoCo and SimSiam references): compiled shapes are fixed."""
+    if device is not None and device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
     return os.environ.get(COMPILE_BACKEND_ENV, "inductor")
 
 

@@ -84,11 +84,10 @@ def _local_syncs(algo_name: str, epochs: int) -> tuple[int, dict]:
 
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_a_local_step_of_federate_reads_nothing_back(algo):
+def test_a_local_step_of_federate_reads_nothing_back(one_thread, algo):
     """Twice the steps, the same syncs: all of them are per local training (the one read of the summed
     loss, the hooks' tensors moved once), none per step. As a GPU runs it: the loss read after the last
     step only (check_every=0; a CPU reads it every 8 steps, where a read waits for nothing)."""
-    torch.set_num_threads(1)
     short, few = _local_syncs(algo, 1)
     long, more = _local_syncs(algo, 2)
     assert long == 2 * short >= 8
@@ -157,14 +156,13 @@ def test_a_pretraining_step_reads_nothing_back(sync_free, name):
 
 
 @pytest.mark.parametrize("algo", ["fedavg", "scaffold", "moon"])
-def test_a_vectorised_round_reads_the_same_whatever_its_steps(tmp_path, monkeypatch, algo):
+def test_a_vectorised_round_reads_the_same_whatever_its_steps(tmp_path, monkeypatch, one_thread, algo):
     """``--client-batch``: a round of 2 local epochs makes the syncs of a round of 1 (evaluation and
     aggregation), none per step, with partial groups (alpha 0.5 gives clients of unequal sizes). As a GPU
     runs it: the losses read after the last step."""
     import federated.batched as batched
     from tests.federated.test_batched import _round
     monkeypatch.setattr(batched, "check_interval", lambda device: 0)
-    torch.set_num_threads(1)
     calls = []
     for epochs in (1, 2):
         cfg = _cfg(algo, clients=4, batch_size=12, local_epochs=epochs, alpha=0.5)

@@ -54,7 +54,6 @@ def _run(tmp_path, method: str, compiled: bool) -> tuple[list[dict], dict[str, t
 def _compare(tmp_path, monkeypatch, method: str, backend: str, tol: float) -> int:
     """Train eager, then compiled; assert they agree within ``tol``; return the graphs compiled."""
     monkeypatch.setenv(COMPILE_BACKEND_ENV, backend)
-    torch.set_num_threads(1)
     torch._dynamo.reset()
     eager_rows, eager = _run(tmp_path, method, compiled=False)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -76,7 +75,7 @@ def _compare(tmp_path, monkeypatch, method: str, backend: str, tol: float) -> in
 
 
 @pytest.mark.parametrize("method", ["simsiam", "mocov2"])
-def test_a_compiled_step_equals_the_eager_step(tmp_path, monkeypatch, method):
+def test_a_compiled_step_equals_the_eager_step(tmp_path, monkeypatch, one_thread, method):
     """aot_eager: Dynamo's graphs, eager kernels. SimSiam's step is one graph; MoCo-v2's bank update stays
     eager (its pointer is read to the host), which cuts its step into pieces (5 graphs with torch 2.14: the
     encoders, the loss's normalisation, the bank's read, the loss, z_std). No graph is compiled again for
@@ -88,7 +87,8 @@ def test_a_compiled_step_equals_the_eager_step(tmp_path, monkeypatch, method):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["simsiam", "mocov2"])
-def test_an_inductor_compiled_step_equals_the_eager_step_in_float64(tmp_path, monkeypatch, method):
+def test_an_inductor_compiled_step_equals_the_eager_step_in_float64(tmp_path, monkeypatch, one_thread,
+                                                                    method):
     monkeypatch.setenv(FLOAT64_ENV, "1")
     _compare(tmp_path, monkeypatch, method, "inductor", INDUCTOR_TOL)
 
