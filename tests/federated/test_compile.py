@@ -63,18 +63,34 @@ def test_one_sample_steps_run_eagerly_and_equal_the_eager_steps(aot_eager):
     assert all(torch.equal(eager[k], compiled[k]) for k in eager)
 
 
-def test_the_step_is_traced_once_a_run_not_once_a_round(tmp_path, aot_eager, monkeypatch):
-    """Three rounds of three clients trace as many graphs as one round: each round's fresh copy of the
-    model (:func:`federated.rounds.local_model`) reuses the graphs of the first."""
+@pytest.fixture
+def traced(monkeypatch) -> list[int]:
+    """--compile's backend replaced by one that records each graph it is given (its node count) and runs it
+    eagerly: the list fills as Dynamo traces."""
     import torch._dynamo
 
-    traced: list[int] = []
-
-    def counting(gm, inputs):
-        traced.append(len(gm.graph.nodes))
-        return gm.forward
-    torch._dynamo.register_backend(counting, name="fpsfl_test_counting")
+    _GRAPHS.clear()
+    if not _COUNTING:  # a name is registered once a process
+        torch._dynamo.register_backend(_counting, name="fpsfl_test_counting")
+        _COUNTING.append(True)
     monkeypatch.setenv(COMPILE_BACKEND_ENV, "fpsfl_test_counting")
+    torch._dynamo.reset()
+    yield _GRAPHS
+    torch._dynamo.reset()
+
+
+_GRAPHS: list[int] = []
+_COUNTING: list[bool] = []
+
+
+def _counting(gm, inputs):
+    _GRAPHS.append(len(gm.graph.nodes))
+    return gm.forward
+
+
+def test_the_step_is_traced_once_a_run_not_once_a_round(tmp_path, traced):
+    """Three rounds of three clients trace as many graphs as one round: each round's fresh copy of the
+    model (:func:`federated.rounds.local_model`) reuses the graphs of the first."""
     _run(tmp_path, _cfg("fedavg", rounds=1, alpha=0.5), "one", compile=True)
     after_one = len(traced)
     torch._dynamo.reset()
@@ -82,6 +98,18 @@ def test_the_step_is_traced_once_a_run_not_once_a_round(tmp_path, aot_eager, mon
     _run(tmp_path, _cfg("fedavg", rounds=3, alpha=0.5), "three", compile=True)
     assert 1 <= after_one <= 3, after_one  # a full batch, then a dynamic batch for the short ones
     assert len(traced) == after_one, (after_one, len(traced))
+
+
+@pytest.mark.skipif(not hasattr(torch.compiler, "set_stance"), reason="set_stance: torch >= 2.6")
+def test_one_sample_steps_trace_nothing(traced):
+    """The rare one-sample steps run eagerly under --compile (``one_value_batchnorm``'s force_eager
+    stance): no graph is traced for them and their hooks, whereas two-sample steps trace one."""
+    train, batches, _ = one_client("fedavg", 1, 1, compiled=True, size=4)
+    train(batches[:3])
+    assert traced == []
+    train, batches, _ = one_client("fedavg", 1, 2, compiled=True, size=4)
+    train(batches[:1])
+    assert len(traced) >= 1
 
 
 def test_a_compiled_local_step_reads_nothing_back(aot_eager):
