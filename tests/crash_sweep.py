@@ -4,14 +4,18 @@ operation and ``--resume`` it. The resumed run must end with the uninterrupted r
 (metrics without their timings; the run state without the digest of its metrics lines, which differs with the
 timings and must match the run's own lines), claim what its files hold, and leave no temporary file behind.
 
-Runs are forks of the test process (the imports are paid once), each with its own output files; the kill is
-the hook ``FPSFL_TEST_CRASH=any:N`` (the process kills itself at its N-th file event).
+Runs are forks of one clean server process (multiprocessing's forkserver, the commands imported once), each
+with its own output files; the kill is the hook ``FPSFL_TEST_CRASH=any:N`` (the process kills itself at its
+N-th file event). Not forks of the test process: one that compiled and back-propagated a model
+(``torch.compile``, in any earlier test of the process) leaves autograd unusable in its forks ("Unable to
+handle autograd's threading in combination with fork-based multiprocessing"), which ``pytest -n 2`` hit.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import os
 import re
 import sys
@@ -37,37 +41,55 @@ class Result:
     err: str
 
 
+_SERVER: list = []  # the forkserver context, made on first use
+
+
+def _server():
+    if not _SERVER:
+        context = multiprocessing.get_context("forkserver")
+        # what the three commands import, so that each fork starts warm (measured: sys.modules after a run)
+        context.set_forkserver_preload(["torch", "torch._dynamo", "numba", "scipy", "sklearn.datasets",
+                                        "matplotlib", "federated.cli", "federated.runner",
+                                        "federated.selfsup.runner", "pretrain.cli", "pretrain.train"])
+        _SERVER.append(context)
+    return _SERVER[0]
+
+
+def _child(main: Callable[[list[str]], int], argv: list[str], environ: dict[str, str], cwd: str, out: str,
+           err: str) -> None:
+    """The forked run: the test process's environment and folder, output to files; never returns."""
+    code = 99
+    try:
+        # one thread runs every op inline: the reference, killed and resumed runs sum alike
+        torch.set_num_threads(1)
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        for fd, path in ((1, out), (2, err)):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (closed by _exit)
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        code = main([str(a) for a in argv])
+    except BaseException:  # a traceback is a finding: printed and exit 99
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def forked(main: Callable[[list[str]], int], argv: list[str], env: dict[str, str], logs: Path) -> Result:
-    """``main(argv)`` in a forked child with ``env`` added; its stdout and stderr go to files in ``logs``."""
+    """``main(argv)`` (a module-level function: it is pickled) in a forked child with ``env`` added; its
+    stdout and stderr go to files in ``logs``."""
     logs.mkdir(parents=True, exist_ok=True)
     out, err = logs / "stdout", logs / "stderr"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 99
-        try:
-            # libgomp's thread team does not survive a fork: a child whose parent ran a parallel region
-            # (any multi-threaded torch op earlier in the session) deadlocks in its first one. One thread
-            # runs every op inline; the reference, killed and resumed runs are all forked alike.
-            torch.set_num_threads(1)
-            os.environ.update(env)
-            for fd, path in ((1, out), (2, err)):
-                target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(target, fd)
-                os.close(target)
-            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (closed by _exit)
-            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-            code = main([str(a) for a in argv])
-        except BaseException:  # a traceback is a finding: printed and exit 99
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    return Result(code, out.read_text(), err.read_text())
+    child = _server().Process(target=_child, args=(main, [str(a) for a in argv], {**os.environ, **env},
+                                                   os.getcwd(), str(out), str(err)))
+    child.start()
+    child.join()
+    return Result(child.exitcode, out.read_text(), err.read_text())  # exitcode: -9 when killed
 
 
 def _state(path: Path) -> bytes:

@@ -167,9 +167,11 @@ def test_every_entry_point_builds_its_config_through_merge(entry, monkeypatch):
     assert len(calls) == 1 and any(layer.get("rounds") == 3 for layer in calls[0])
 
 
-def test_a_moco_run_written_before_head_bn_resumes(tmp_path, capsys, monkeypatch):
-    """MoCo-v2's head_bn came in format 3; a format-2 run's method table lacks it, and --resume compares
-    that table whole, so without the step every earlier MoCo-v2 run was refused."""
+@pytest.mark.parametrize(("version", "key", "value"), [(2, "head_bn", False), (3, "keep", "query")])
+def test_a_moco_run_written_before_a_method_setting_resumes(tmp_path, capsys, monkeypatch, version, key,
+                                                            value):
+    """MoCo-v2's head_bn came in format 3, keep in format 4; an older run's method table lacks them, and
+    --resume compares that table whole, so without the steps every earlier MoCo-v2 run was refused."""
     import dataclasses
 
     import pretrain.cli as pcli
@@ -181,10 +183,11 @@ def test_a_moco_run_written_before_head_bn_resumes(tmp_path, capsys, monkeypatch
         mp.setattr(pcli, "train", lambda cfg, opts: train(cfg, dataclasses.replace(opts, stop_after=1)))
         assert pretrain(args) == 0
     data = _record(tmp_path / "m.run")
-    data["config_format"] = 2
-    del data["config"]["method"]["head_bn"]
+    data["config_format"] = version
+    for later in ("head_bn", "keep")[version - 2:]:  # what the older format did not record
+        del data["config"]["method"][later]
     (tmp_path / "m.run" / "config.json").write_text(json.dumps(data))
-    assert migrate(data, "config.json")["config"]["method"]["head_bn"] is False
+    assert migrate(data, "config.json")["config"]["method"][key] == value
     assert pretrain([*args, "--resume"]) == 0, capsys.readouterr().err
     assert json.loads((tmp_path / "m.run" / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] == 2
 

@@ -45,6 +45,11 @@ def _self_pretrain(root: Path) -> list:
             "--set", "local_clusters=4", "--set", "global_clusters=2"]
 
 
+def self_pretrain(argv: list[str]) -> int:
+    """``federate self-pretrain ARGV`` (a module-level function: the sweep's runs receive it pickled)."""
+    return federate(["self-pretrain", *argv])
+
+
 def _self_pretrain_done(root: Path) -> bool:
     """The demo's rule for a checkpoint: its file holds the run's last round."""
     if not (root / "sp.ckpt").is_file():
@@ -56,8 +61,7 @@ def _self_pretrain_done(root: Path) -> bool:
 SWEEPS = {  # the demo's markers: pretrain_done of its run directory, federate_done of its final.pt
     "pretrain": lambda: Sweep("pretrain", pretrain, _pretrain, lambda r: pretrain_done(r / "a.run", EPOCHS)),
     "federate": lambda: Sweep("federate", federate, _federate, lambda r: federate_done(r / "r" / "final.pt")),
-    "self-pretrain": lambda: Sweep("self-pretrain", lambda argv: federate(["self-pretrain", *argv]),
-                                   _self_pretrain, _self_pretrain_done),
+    "self-pretrain": lambda: Sweep("self-pretrain", self_pretrain, _self_pretrain, _self_pretrain_done),
 }
 
 

@@ -26,7 +26,7 @@ def test_both_quickstart_commands_set_up_from_scratch():
     for command in (demo, tests):
         assert command.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install torch==")
     assert demo.endswith("fpsfl demo --out runs/demo")
-    assert tests.endswith("python -m pytest") and '".[test' in tests
+    assert tests.endswith("python -m pytest -n 2") and '".[test' in tests
 
 
 def test_ci_installs_the_docs_tools_and_builds_the_site_strictly():

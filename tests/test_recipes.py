@@ -57,8 +57,8 @@ def test_table2_smoke_prints_the_papers_three_rows_beside_the_measured_ones(tmp_
     assert record["paper_table"] == "table2" and len(record["rows"]) == 3
     runs = sorted(p.name for p in (tmp_path / "runs").glob("t2-*"))
     assert len(runs) == 6 and all((tmp_path / "runs" / r / "final.pt").is_file() for r in runs)
-    again = _recipe("table2_cifar10.sh", tmp_path / "runs", timeout=600)  # finished: nothing runs again
-    assert again.returncode == 0 and "round 2/2" not in again.stdout and ".ckpt (" not in again.stderr
+    # that a second call trains nothing again is common.sh's fl and pretrained, tested one by one below
+    # (the whole recipe a second time took 70 s of the default suite)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-FORMAT = 3  # the config.json format this code writes
+FORMAT = 4  # the config.json format this code writes
 FORMAT_KEY = "config_format"  # the field of config.json that names its format
 
 # Settings that format 1 records may lack (they came later), with the value the runs without them had: the
@@ -32,9 +32,10 @@ _ADDED_TO_FEDERATE_RUNS = {"amp": False}
 # with the behaviour before. A format-1 replay rebuilt them from today's defaults (only --set was replayed),
 # so the value the run used (its resolved ``algo`` table's, else the old behaviour) is pinned into its --set.
 _ALGO_BEFORE = {"fedavgm": {"nesterov": False}, "fedvc": {"draw": "epoch"}}
-# Format 2 -> 3: method settings added after runs of the method were written, by pre-training method, with
-# the behaviour of those runs: MoCo-v2's head_bn (issue 38) came after every MoCo-v2 head was BatchNorm-free.
-_METHOD_ADDED = {"mocov2": {"head_bn": False}}
+# Format N -> N + 1 (N >= 2): method settings added after runs of the method were written, by pre-training
+# method, with the behaviour of those runs: MoCo-v2's head_bn (issue 38, format 3) came after every MoCo-v2
+# head was BatchNorm-free, and its keep (format 4) after every MoCo-v2 checkpoint held the query encoder.
+_METHOD_ADDED = {2: {"mocov2": {"head_bn": False}}, 3: {"mocov2": {"keep": "query"}}}
 
 
 class FormatError(ValueError):
@@ -90,13 +91,16 @@ def _from_1(record: dict[str, Any]) -> None:
             resolved[key] = args[key]
 
 
-def _from_2(record: dict[str, Any]) -> None:
-    """Format 2 -> 3, in place: a pre-training run's resolved ``method`` table gets the method settings added
-    since, as its run had them (``--resume`` compares that table whole)."""
-    pretrain, method = record.get("pretrain"), record.get("method")
-    if isinstance(pretrain, dict) and isinstance(method, dict):
-        for key, value in _METHOD_ADDED.get(pretrain.get("method"), {}).items():
-            method.setdefault(key, value)
+def _method_step(version: int):
+    """Format ``version`` -> ``version + 1``, in place: a pre-training run's resolved ``method`` table gets
+    the method settings that format added, as its run had them (``--resume`` compares that table whole)."""
+    def step(record: dict[str, Any]) -> None:
+        pretrain, method = record.get("pretrain"), record.get("method")
+        if isinstance(pretrain, dict) and isinstance(method, dict):
+            for key, value in _METHOD_ADDED[version].get(pretrain.get("method"), {}).items():
+                method.setdefault(key, value)
+    return step
 
 
-STEPS = {1: _from_1, 2: _from_2}  # format N -> N + 1: raising FORMAT means adding its step here
+# format N -> N + 1: raising FORMAT means adding its step here
+STEPS = {1: _from_1, **{version: _method_step(version) for version in _METHOD_ADDED}}
