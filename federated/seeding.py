@@ -11,10 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-
-def seed_of(*parts: int) -> int:
-    """A 63-bit seed mixed from ``parts`` (numpy's SeedSequence: nearby tuples give unrelated seeds)."""
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
+from fpsfl.base.seeds import seed_of
 
 
 def round_rng(seed: int, rnd: int) -> np.random.Generator:

@@ -35,12 +35,12 @@ import time
 from contextlib import ExitStack, nullcontext
 from dataclasses import asdict
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from fpsfl.base.checkpoint import atomic_save, make_checkpoint, plain, save_checkpoint
 from fpsfl.base.rundir import RunDir
+from fpsfl.base.seeds import seed_of
 from fractals.stream import augment_views
 
 from . import distributed
@@ -85,7 +85,7 @@ def default_workers(device: torch.device, local_processes: int = 1) -> int:
 
 def epoch_seed(seed: int, epoch: int) -> int:
     """Seed of the epoch's augmentation generator, independent of every other stream."""
-    return int(np.random.SeedSequence([seed, epoch, 0xA06]).generate_state(1, np.uint64)[0] >> 1)
+    return seed_of(seed, epoch, 0xA06)
 
 
 def build_method(cfg: PretrainConfig, n_classes: int | None, device: torch.device) -> Method:
