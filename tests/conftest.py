@@ -9,8 +9,8 @@ import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `pytest -n 2` (the README's command): two test processes on two cores, one torch thread each, as
-    # two PyTorch processes of two threads each slow each other several-fold. Small CPU steps run as
-    # fast on one thread as on two here (ResNet20 at batch 32)
+    # two PyTorch processes of two threads each slow each other several-fold (2-core VM, 2026-11-28: the
+    # suite 17-18 min this way, 31 min in one process of two threads)
     torch.set_num_threads(1)
 
 
@@ -38,10 +38,7 @@ def one_thread():
     counts: Ray gives each one-CPU ClientApp actor one thread, the vectorised and the sequential round sum
     differently, and at two threads on a 2-core AMD EPYC (2026-11-27) Orchestra's engine and its reference
     drifted 4.8e-3 apart in round 1's conv1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)  # restored after the test by _threads_restored
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ handle autograd's threading in combination with fork-based multiprocessing"), wh
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import multiprocessing
@@ -41,18 +42,15 @@ class Result:
     err: str
 
 
-_SERVER: list = []  # the forkserver context, made on first use
-
-
+@functools.cache
 def _server():
-    if not _SERVER:
-        context = multiprocessing.get_context("forkserver")
-        # what the three commands import, so that each fork starts warm (measured: sys.modules after a run)
-        context.set_forkserver_preload(["torch", "torch._dynamo", "numba", "scipy", "sklearn.datasets",
-                                        "matplotlib", "federated.cli", "federated.runner",
-                                        "federated.selfsup.runner", "pretrain.cli", "pretrain.train"])
-        _SERVER.append(context)
-    return _SERVER[0]
+    """The forkserver context, made on first use."""
+    context = multiprocessing.get_context("forkserver")
+    # what the three commands import, so that each fork starts warm (measured: sys.modules after a run)
+    context.set_forkserver_preload(["torch", "torch._dynamo", "numba", "scipy", "sklearn.datasets",
+                                    "matplotlib", "federated.cli", "federated.runner",
+                                    "federated.selfsup.runner", "pretrain.cli", "pretrain.train"])
+    return context
 
 
 def _child(main: Callable[[list[str]], int], argv: list[str], environ: dict[str, str], cwd: str, out: str,

@@ -174,11 +174,10 @@ def test_federate_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp
 def test_self_pretraining_on_a_full_disk_is_one_line_and_the_suggested_command_works(tmp_path, capsys,
                                                                                      monkeypatch, kind):
     """federate self-pretrain fills the disk at each write point too (the crash-point sweep's run)."""
-    from federated.cli import main as federate
-    from tests.test_crash_points import _self_pretrain, _self_pretrain_done
+    from tests.test_crash_points import _self_pretrain, _self_pretrain_done, self_pretrain
 
     _full_disk_then_follow_the_message(
-        tmp_path, capsys, monkeypatch, lambda argv: federate(["self-pretrain", *argv]), _self_pretrain,
+        tmp_path, capsys, monkeypatch, self_pretrain, _self_pretrain,
         lambda root: _whole_metrics(root / "sp.run", None) and _self_pretrain_done(root), ["--resume"], kind)
 
 

@@ -6,6 +6,8 @@ fused float32 kernels round differently (docs/performance.md, Compiled steps).""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -70,22 +72,25 @@ def traced(monkeypatch) -> list[int]:
     import torch._dynamo
 
     _GRAPHS.clear()
-    if not _COUNTING:  # a name is registered once a process
-        torch._dynamo.register_backend(_counting, name="fpsfl_test_counting")
-        _COUNTING.append(True)
-    monkeypatch.setenv(COMPILE_BACKEND_ENV, "fpsfl_test_counting")
+    monkeypatch.setenv(COMPILE_BACKEND_ENV, _counting_backend())
     torch._dynamo.reset()
     yield _GRAPHS
     torch._dynamo.reset()
 
 
 _GRAPHS: list[int] = []
-_COUNTING: list[bool] = []
 
 
-def _counting(gm, inputs):
-    _GRAPHS.append(len(gm.graph.nodes))
-    return gm.forward
+@functools.cache
+def _counting_backend() -> str:
+    """The recording backend's name, registered once a process (Dynamo refuses a name twice)."""
+    import torch._dynamo
+
+    def counting(gm, inputs):
+        _GRAPHS.append(len(gm.graph.nodes))
+        return gm.forward
+    torch._dynamo.register_backend(counting, name="fpsfl_test_counting")
+    return "fpsfl_test_counting"
 
 
 def test_the_step_is_traced_once_a_run_not_once_a_round(tmp_path, traced):

@@ -187,7 +187,6 @@ def test_every_method_lowers_its_loss_on_a_fixed_batch(name):
     assert losses[-1] < losses[0], losses
 
 
-
 @pytest.mark.parametrize("keep", ["query", "key"])
 def test_moco_checkpoint_and_signals_describe_the_kept_encoder(tmp_path, keep):
     """``keep=key`` ships the momentum encoder: the checkpoint holds the key backbone of the training state,
