@@ -167,25 +167,36 @@ def test_every_entry_point_builds_its_config_through_merge(entry, monkeypatch):
     assert len(calls) == 1 and any(layer.get("rounds") == 3 for layer in calls[0])
 
 
-@pytest.mark.parametrize(("version", "key", "value"), [(2, "head_bn", False), (3, "keep", "query")])
-def test_a_moco_run_written_before_a_method_setting_resumes(tmp_path, capsys, monkeypatch, version, key,
-                                                            value):
-    """MoCo-v2's head_bn came in format 3, keep in format 4; an older run's method table lacks them, and
-    --resume compares that table whole, so without the steps every earlier MoCo-v2 run was refused."""
+# the method settings each format N -> N + 1 added (fpsfl.base.migrate._METHOD_ADDED): older records lack them
+_ADDED_AFTER = {2: {"mocov2": ("head_bn",)}, 3: {"mocov2": ("keep",)},
+                4: {m: ("crop_min", "jitter", "jitter_p", "grayscale_p", "blur_p", "flip_p")
+                    for m in ("mocov2", "simsiam")}}
+_SMALL = {"mocov2": ["--set", "hidden_dim=8", "--set", "bank_size=32"], "simsiam": ["--set", "hidden_dim=8"]}
+
+
+@pytest.mark.parametrize(("version", "method", "key", "value"),
+                         [(2, "mocov2", "head_bn", False), (3, "mocov2", "keep", "query"),
+                          (4, "mocov2", "crop_min", 0.2), (4, "simsiam", "jitter", 1.0)])
+def test_a_run_written_before_a_method_setting_resumes(tmp_path, capsys, monkeypatch, version, method, key,
+                                                       value):
+    """MoCo-v2's head_bn came in format 3, keep in format 4, the views' settings of both self-supervised
+    methods in format 5; an older run's method table lacks them, and --resume compares that table whole, so
+    without the steps every earlier run of the method was refused."""
     import dataclasses
 
     import pretrain.cli as pcli
 
     out, train = tmp_path / "m.ckpt", pcli.train
-    args = ["fps", *PRE, "--epochs", "2", "--pairs-per-epoch", "16", "--method", "mocov2", "--set",
-            "hidden_dim=8", "--set", "bank_size=32", "--out", str(out)]
+    args = ["fps", *PRE, "--epochs", "2", "--pairs-per-epoch", "16", "--method", method, *_SMALL[method],
+            "--out", str(out)]
     with monkeypatch.context() as mp:  # killed after its first epoch
         mp.setattr(pcli, "train", lambda cfg, opts: train(cfg, dataclasses.replace(opts, stop_after=1)))
         assert pretrain(args) == 0
     data = _record(tmp_path / "m.run")
     data["config_format"] = version
-    for later in ("head_bn", "keep")[version - 2:]:  # what the older format did not record
-        del data["config"]["method"][later]
+    for later in range(version, FORMAT):  # what the older format did not record
+        for name in _ADDED_AFTER[later].get(method, ()):
+            del data["config"]["method"][name]
     (tmp_path / "m.run" / "config.json").write_text(json.dumps(data))
     assert migrate(data, "config.json")["config"]["method"][key] == value
     assert pretrain([*args, "--resume"]) == 0, capsys.readouterr().err

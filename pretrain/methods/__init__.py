@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from fpsfl.base.registry import Registry
 
-from .base import Method, MethodConfig, feature_std
+from .base import Method, MethodConfig, ViewsConfig, feature_std
 
 METHODS: Registry[type[Method]] = Registry("method", discover="pretrain.methods")
 
 from .simsiam import simsiam_loss  # noqa: E402 (after METHODS: the module registers itself in it)
 
-__all__ = ["METHODS", "Method", "MethodConfig", "feature_std", "simsiam_loss"]
+__all__ = ["METHODS", "Method", "MethodConfig", "ViewsConfig", "feature_std", "simsiam_loss"]

@@ -41,6 +41,35 @@ class MethodConfig:
         features at ``size`` px input; methods with heads override it."""
         return self
 
+    def views(self, default: AugmentConfig) -> AugmentConfig:
+        """The augmentation of the method's views: its class's ``default``, unless the config sets it."""
+        return default
+
+
+# MoCo-v2's colour jitter (brightness, contrast, saturation, hue), which ``jitter`` multiplies
+_JITTER = AugmentConfig().jitter
+
+
+@dataclass(frozen=True)
+class ViewsConfig(MethodConfig):
+    """A self-supervised method's settings plus its two views' augmentation (MoCo-v2 / SimSiam, Appendix A
+    of the paper; Chen et al. 2020, "Improved baselines", §3), settable with ``--set`` for experiments on
+    harder or easier views (issue 38). The defaults are the official FPS code's."""
+
+    crop_min: float = setting(0.2, "smallest random crop, as a fraction of the image's area (MoCo-v2, "
+                                   "SimSiam: 0.2; SimCLR: 0.08)", within="(0, 1]")
+    jitter: float = setting(1.0, "colour jitter strength, a multiple of MoCo-v2's (brightness, contrast, "
+                                 "saturation 0.4, hue 0.1)", within="[0, 2.5]")
+    jitter_p: float = setting(0.8, "probability of colour jitter (MoCo-v2)", within="[0, 1]")
+    grayscale_p: float = setting(0.2, "probability of grayscale (MoCo-v2)", within="[0, 1]")
+    blur_p: float = setting(0.5, "probability of Gaussian blur (MoCo-v2)", within="[0, 1]")
+    flip_p: float = setting(0.5, "probability of a horizontal flip", within="[0, 1]")
+
+    def views(self, default: AugmentConfig) -> AugmentConfig:
+        return dataclasses.replace(
+            default, crop_scale=(self.crop_min, 1.0), jitter=tuple(self.jitter * s for s in _JITTER),
+            jitter_p=self.jitter_p, grayscale_p=self.grayscale_p, blur_p=self.blur_p, flip_p=self.flip_p)
+
 
 HEADS = ("official", "imagenet")  # head sizes: the FPS code's (default) or the ImageNet recipes' (2048-wide)
 IMAGENET_HIDDEN = 2048  # hidden width of the ImageNet heads (SimSiam §3; MoCo-v2's MLP)
@@ -80,12 +109,13 @@ class Method(nn.Module):
     Config: ClassVar[type[MethodConfig]] = MethodConfig
     n_views: ClassVar[int] = 2  # augmented views per sample the method consumes
     labels: ClassVar[str | None] = None  # None, "multihot" (float (B, J)) or "class" (int64 (B,))
-    augment: ClassVar[AugmentConfig] = AugmentConfig()  # MoCo-v2 / SimSiam augmentations (Appendix A)
+    augment: AugmentConfig = AugmentConfig()  # MoCo-v2 / SimSiam augmentations (Appendix A); see ViewsConfig
     sync_bn: ClassVar[bool] = False  # under torchrun, BatchNorm statistics over all processes' samples
 
     def __init__(self, backbone: nn.Module, cfg: MethodConfig, n_classes: int | None = None):
         super().__init__()
         self.backbone, self.cfg = backbone, cfg
+        self.augment = cfg.views(type(self).augment)  # an instance's views: the class's, or as cfg sets them
 
     def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """views (n_views, B, 3, S, S) -> (scalar loss, detached statistics such as ``z_std``)."""

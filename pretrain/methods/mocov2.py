@@ -39,7 +39,7 @@ from fpsfl.base.settings import setting
 
 from ..distributed import world_size
 from . import METHODS
-from .base import HEADS, IMAGENET_HIDDEN, Method, MethodConfig, feature_std, filled
+from .base import HEADS, IMAGENET_HIDDEN, Method, ViewsConfig, feature_std, filled
 
 
 def info_nce(q: Tensor, k: Tensor, negatives: Tensor, temperature: float) -> Tensor:
@@ -87,7 +87,7 @@ class KeyBank(MemoryBankModule):
 
 
 @dataclass(frozen=True)
-class MoCoV2Config(MethodConfig):
+class MoCoV2Config(ViewsConfig):
     lr: float = setting(0.03, "per 256 samples (MoCo-v2: 0.03 at batch 256), scaled linearly",
                         within="(0, inf)")
     heads: str = setting("official", "head sizes: official (the FPS code's main_moco.py: an MLP as wide as "

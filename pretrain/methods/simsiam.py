@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from fpsfl.base.settings import setting
 
 from . import METHODS
-from .base import HEADS, IMAGENET_HIDDEN, Method, MethodConfig, feature_std, filled, split_head
+from .base import HEADS, IMAGENET_HIDDEN, Method, ViewsConfig, feature_std, filled, split_head
 
 _criterion = NegativeCosineSimilarity()
 
@@ -32,7 +32,7 @@ def simsiam_loss(p1: Tensor, p2: Tensor, z1: Tensor, z2: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class SimSiamConfig(MethodConfig):
+class SimSiamConfig(ViewsConfig):
     lr: float = setting(0.05, "per 256 samples, scaled linearly (SimSiam §4: lr = 0.05 * B / 256)",
                         within="(0, inf)")
     heads: str = setting("official", "head sizes: official (the FPS code's: hidden layers as wide as the "

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pretrain.backbones import create_backbone
-from pretrain.methods import METHODS, feature_std, simsiam_loss
+from pretrain.methods import METHODS, ViewsConfig, feature_std, simsiam_loss
 from pretrain.methods.mocov2 import MoCoV2, MoCoV2Config
 from pretrain.methods.simsiam import SimSiam, SimSiamConfig
 
@@ -222,3 +222,48 @@ def test_methods_keep_their_trained_backbone_unless_told():
     assert method.kept_backbone() is method.backbone
     moco = MoCoV2(_tiny_backbone(), MoCoV2Config(keep="key"))
     assert moco.kept_backbone() is moco.key_backbone is not moco.backbone
+
+
+def _views_of(method_name: str, **settings):
+    cls = METHODS[method_name]
+    return cls(_tiny_backbone(), cls.Config(**settings), N_CLASSES).augment
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_augments_as_its_class_says_by_default(name):
+    """Runs made before the views were settable trained on the class's augmentation: the default settings
+    must give it exactly (MoCo-v2's for the self-supervised methods, crop + flip for the classifiers)."""
+    from fpsfl.base.images import AugmentConfig
+    from pretrain.methods.base import CROP_FLIP
+
+    cls = METHODS[name]
+    expected = AugmentConfig() if cls.labels is None else CROP_FLIP
+    assert cls.augment == expected and _views_of(name) == expected
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(METHODS) if issubclass(METHODS[n].Config, ViewsConfig)])
+def test_view_settings_reach_the_augmentation(name):
+    views = _views_of(name, crop_min=0.5, jitter=2.0, jitter_p=0.1, grayscale_p=0.0, blur_p=1.0, flip_p=0.0)
+    assert views.crop_scale == (0.5, 1.0) and views.jitter == pytest.approx((0.8, 0.8, 0.8, 0.2))
+    assert (views.jitter_p, views.grayscale_p, views.blur_p, views.flip_p) == (0.1, 0.0, 1.0, 0.0)
+
+
+def test_views_without_augmentation_are_the_same_image():
+    """With every random transform off and crops of the whole image, a pair's two views are equal; with the
+    defaults they differ (the test can fail both ways)."""
+    from fractals.stream import augment_views
+
+    renders = torch.randint(0, 256, (1, 4, 16, 16, 3), generator=torch.Generator().manual_seed(0),
+                            dtype=torch.uint8)
+    off = _views_of("mocov2", crop_min=1.0, jitter_p=0.0, grayscale_p=0.0, blur_p=0.0, flip_p=0.0)
+    for cfg, same in ((off, True), (_views_of("mocov2"), False)):
+        views = augment_views(renders, 2, cfg, torch.Generator().manual_seed(1))
+        assert torch.equal(views[0], views[1]) is same
+
+
+def test_a_bad_view_setting_is_a_one_line_error(capsys):
+    from pretrain.cli import main
+
+    assert main(["fps", "--set", "crop_min=0", "--epochs", "1", "--pairs-per-epoch", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "crop_min" in err and "(0, 1]" in err and "\n" not in err
