@@ -46,8 +46,8 @@ class MethodConfig:
         return default
 
 
-# MoCo-v2's colour jitter (brightness, contrast, saturation, hue), which ``jitter`` multiplies
-_JITTER = AugmentConfig().jitter
+_AUGMENT = AugmentConfig()  # the official views: ViewsConfig's defaults are read from it, not restated
+_JITTER = _AUGMENT.jitter  # MoCo-v2's colour jitter strengths, which ``jitter`` multiplies
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,14 @@ class ViewsConfig(MethodConfig):
     of the paper; Chen et al. 2020, "Improved baselines", §3), settable with ``--set`` for experiments on
     harder or easier views (issue 38). The defaults are the official FPS code's."""
 
-    crop_min: float = setting(0.2, "smallest random crop, as a fraction of the image's area (MoCo-v2, "
-                                   "SimSiam: 0.2; SimCLR: 0.08)", within="(0, 1]")
+    crop_min: float = setting(_AUGMENT.crop_scale[0], "smallest random crop, as a fraction of the image's "
+                              "area (MoCo-v2, SimSiam: 0.2; SimCLR: 0.08)", within="(0, 1]")
     jitter: float = setting(1.0, "colour jitter strength, a multiple of MoCo-v2's (brightness, contrast, "
                                  "saturation 0.4, hue 0.1)", within="[0, 2.5]")
-    jitter_p: float = setting(0.8, "probability of colour jitter (MoCo-v2)", within="[0, 1]")
-    grayscale_p: float = setting(0.2, "probability of grayscale (MoCo-v2)", within="[0, 1]")
-    blur_p: float = setting(0.5, "probability of Gaussian blur (MoCo-v2)", within="[0, 1]")
-    flip_p: float = setting(0.5, "probability of a horizontal flip", within="[0, 1]")
+    jitter_p: float = setting(_AUGMENT.jitter_p, "probability of colour jitter (MoCo-v2)", within="[0, 1]")
+    grayscale_p: float = setting(_AUGMENT.grayscale_p, "probability of grayscale (MoCo-v2)", within="[0, 1]")
+    blur_p: float = setting(_AUGMENT.blur_p, "probability of Gaussian blur (MoCo-v2)", within="[0, 1]")
+    flip_p: float = setting(_AUGMENT.flip_p, "probability of a horizontal flip", within="[0, 1]")
 
     def views(self, default: AugmentConfig) -> AugmentConfig:
         return dataclasses.replace(
