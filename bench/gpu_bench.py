@@ -61,12 +61,13 @@ class Row:
     batch: int = 256
     amp: bool = True
     compiled: bool = False
+    graphed: bool = False  # --cuda-graph: the whole step replayed as one CUDA graph
     need_s: float = 25.0  # seconds it must have left to start
 
     @property
     def name(self) -> str:
         mode = "compiled" if self.compiled else "eager"
-        return f"{self.method}-{self.arch}-{self.size}px-b{self.batch}-{mode}"
+        return f"{self.method}-{self.arch}-{self.size}px-b{self.batch}-{mode}{'-graphed' * self.graphed}"
 
 
 def _pair(row: Row, compile_need: float) -> tuple[Row, Row]:
@@ -92,12 +93,18 @@ class Sizes:
 
 # compiled rows need 130 s to start (ResNet20 took 50-70 s to compile with inductor on 2 CPU cores), table2
 # keeps the 224 px pair's 25 + 130 s beyond its second round
-GPU = Sizes("cuda", _pair(Row(), 130),
-            (*_pair(Row(arch="resnet18", size=224, batch=64), 130), *_pair(Row(method="mocov2"), 130)),
+# graphed rows right after the eager one (their capture takes seconds), the graphed MoCo-v2 row too: the
+# default recipe's method
+GPU = Sizes("cuda", (Row(), replace(Row(), graphed=True), Row(method="mocov2", graphed=True),
+                     replace(Row(), compiled=True, need_s=130)),
+            (*_pair(Row(arch="resnet18", size=224, batch=64), 130), *_pair(Row(method="mocov2"), 130),
+             Row(arch="resnet18", size=224, batch=64, graphed=True)),
             warm_steps=30, steps=200)
 _TINY = Row(width=0.25, size=16, batch=8, need_s=5)
-DRY = Sizes("cpu", _pair(_TINY, 5),
-            (*_pair(replace(_TINY, size=32), 5), *_pair(replace(_TINY, method="mocov2"), 5)),
+DRY = Sizes("cpu", (_TINY, replace(_TINY, graphed=True), replace(_TINY, method="mocov2", graphed=True),
+                    replace(_TINY, compiled=True)),
+            (*_pair(replace(_TINY, size=32), 5), *_pair(replace(_TINY, method="mocov2"), 5),
+             replace(_TINY, size=32, graphed=True)),
             warm_steps=2, steps=3, heads={"simsiam": {"proj_dim": 32, "pred_dim": 8},
                                           "mocov2": {"hidden_dim": 32, "bank_size": 64}},
             fed={"clients": 2, "width": 0.25}, fed_scale=0.004, fed_need_s=2, t2_scale=0.004, t2_max_rounds=2,
@@ -162,6 +169,7 @@ class FixedPairs:
 
 
 def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
+    from pretrain.graphed import GraphedStep, eager_capture, make_step
     from pretrain.recipe import PretrainConfig, RunOptions
     from pretrain.train import build_method, compile_augment, compile_step, make_optimizer, run_epoch, set_lr
 
@@ -173,6 +181,10 @@ def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
     optimizer, base_lr = make_optimizer(method, cfg)
     model = compile_step(method, device) if row.compiled else method
     applier = compile_augment(device) if row.compiled else None  # the views too, on a GPU (not on a CPU)
+    if row.graphed and device.type == "cpu":  # the dry run: the capture's CPU stand-in
+        step = GraphedStep(method, model, optimizer, eager_capture)
+    else:
+        step = make_step(method, model, optimizer, device, cfg.amp, row.graphed)
     g = torch.Generator().manual_seed(0)
     shape = (2, row.batch, row.size, row.size, 3)
     pairs = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device)
@@ -181,16 +193,18 @@ def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
     for epoch, steps in enumerate((sizes.warm_steps, sizes.steps)):
         if epoch == 1:
             warmup = time.perf_counter() - t
-        set_lr(optimizer, base_lr, epoch, cfg.epochs)
+        set_lr(optimizer, base_lr, 0, cfg.epochs)  # one lr: a graph captured in the warm-up is replayed
         record = run_epoch(method, FixedPairs(pairs, steps), optimizer, cfg, epoch, device, opts, model,
-                           applier=applier)
-    del model, method, optimizer
+                           applier=applier, step=step)
+    captures = getattr(step, "captures", None)
+    del model, method, optimizer, step
     if device.type == "cuda":
         torch.cuda.empty_cache()
     backend = os.environ.get("FPSFL_TEST_COMPILE_BACKEND", "inductor") if row.compiled else None
     return {**asdict(row), "amp": cfg.amp, "backend": backend, "pairs_per_s": round(record["pairs_per_s"], 1),
             "steps": record["steps"], "epoch_s": round(record["seconds"], 2), "warmup_s": round(warmup, 1),
-            "warmup_steps": sizes.warm_steps, "loss": round(record["loss"], 4)}
+            "warmup_steps": sizes.warm_steps, "loss": round(record["loss"], 4), "captures": captures,
+            "capture": ("cuda" if device.type == "cuda" else "cpu stand-in") if row.graphed else None}
 
 
 def federate_rate(sizes: Sizes, device: torch.device, k: int, tmp: Path, compiled: bool = False) -> dict:

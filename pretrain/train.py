@@ -2,7 +2,8 @@
 
 SGD with momentum, a per-epoch cosine learning-rate schedule (groups marked ``fixed_lr`` keep their rate,
 as SimSiam's predictor), image-level augmentation on the training device, optional bf16 autocast and
-channels-last on CUDA, optionally (``--compile``) a torch.compiled step. After every epoch it appends a line
+channels-last on CUDA, optionally (``--compile``) a torch.compiled step and (``--cuda-graph``,
+:mod:`pretrain.graphed`) the whole step replayed as one CUDA graph. After every epoch it appends a line
 to ``metrics.jsonl``, writes the backbone checkpoint and then the training state (``state.pt``: weights,
 optimiser, memory bank, CPU and CUDA RNG states), each atomically, so a crash loses at most the epoch in
 progress and ``--resume`` continues where it stopped, bit for bit on CPU (``tests/test_crash_points.py``
@@ -32,7 +33,7 @@ import math
 import os
 import signal
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import asdict
 
 import torch
@@ -46,6 +47,7 @@ from fractals.stream import augment_views
 from . import distributed
 from .backbones import create_backbone
 from .compiled import COMPILE_BACKEND_ENV, compile_augment, compile_step  # noqa: F401 (re-exported)
+from .graphed import Step, make_step
 from .methods import METHODS, Method
 from .probe import PROBES, probe
 from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
@@ -131,17 +133,17 @@ class _Clock:
 
 def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int, device: torch.device,
               opts: RunOptions, model: torch.nn.Module | None = None,
-              d: distributed.Dist = _ONE, applier=None) -> dict:
+              d: distributed.Dist = _ONE, applier=None, step: Step | None = None) -> dict:
     """One pass over the source; returns the epoch's metrics. ``model`` is the method or its DDP wrapper,
     either maybe compiled (:func:`compile_step`); ``method`` is the eager module underneath; ``applier``
-    makes the views from their draws (None: eager; :func:`compile_augment`)."""
-    model = method if model is None else model
+    makes the views from their draws (None: eager; :func:`compile_augment`); ``step`` trains on a batch
+    (None: the eager :class:`Step` of ``model``; the run passes its own, maybe a CUDA graph's)."""
+    if step is None:
+        step = make_step(method, method if model is None else model, optimizer, device, cfg.amp, False)
+    step.begin_epoch()
     method.train()
     dtype = next(method.parameters()).dtype  # of the views: float32 (float64 under the test hook)
     gen = torch.Generator(device=device).manual_seed(epoch_seed(cfg.seed, epoch))
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if cfg.amp else nullcontext()
-    loss_sum = torch.zeros((), device=device)
-    stat_sums: dict[str, torch.Tensor] = {}
     steps = samples = 0
     bar = tqdm(total=len(source), desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step", leave=False,
                disable=not (opts.progress and d.main), dynamic_ncols=True)
@@ -155,20 +157,12 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
         views = augment_views(images, method.n_views, method.augment, gen, (d.rank * mine, n), applier)
         views = views.to(dtype)
         clock.lap("augment")
-        with autocast:
-            loss, stats = model(views, labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the gradients over processes: the global batch's gradient
-        optimizer.step()
-        method.after_step()
+        step(views, labels)
         clock.lap("compute")
-        loss_sum += loss.detach().float()
-        for key, value in stats.items():
-            stat_sums[key] = stat_sums.get(key, 0.0) + value.float()
         steps, samples = steps + 1, samples + n
         _test_kill(d, epoch, steps)
         if steps % _NAN_CHECK_EVERY == 0 or steps == len(source):
-            total = distributed.mean(loss_sum)  # every process checks the same value: they stop together
+            total = distributed.mean(step.loss_sum)  # every process checks the same value: they stop together
             if not torch.isfinite(total):
                 bar.close()
                 kept = (f"the last finished epoch ({epoch}) is kept in {opts.run_dir}" if epoch else
@@ -182,6 +176,7 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
     bar.close()
     seconds = time.perf_counter() - start
     busy = sum(clock.totals.values()) or 1.0
+    loss_sum = step.loss_sum if step.loss_sum is not None else torch.zeros((), device=device)
     record = {"epoch": epoch + 1, "loss": distributed.mean(loss_sum).item() / max(steps, 1), "steps": steps,
               "pairs_per_s": samples / seconds, "seconds": seconds,
               "data_wait": clock.totals.get("data_wait", 0.0) / busy}
@@ -190,7 +185,7 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
     if opts.profile:
         record["augment_frac"] = clock.totals.get("augment", 0.0) / busy
         record["compute_frac"] = clock.totals.get("compute", 0.0) / busy
-    record.update({k: float(distributed.mean(v)) / max(steps, 1) for k, v in stat_sums.items()})
+    record.update({k: float(distributed.mean(v)) / max(steps, 1) for k, v in step.stat_sums.items()})
     return record
 
 
@@ -236,6 +231,9 @@ def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
     device = distributed.device_for(opts.device, d)
     workers = default_workers(device, d.local_world) if opts.workers is None else opts.workers
     check_world(cfg, d)
+    if opts.cuda_graph and (device.type != "cuda" or d.world > 1):
+        raise ValueError(f"--cuda-graph needs one process on a CUDA device, not {d.world} on {device.type} "
+                         f"(DDP's collectives are not captured)")
     distributed.init(d, device, opts.dist_timeout)
     run = RunDir(opts.run_dir, opts.tensorboard)  # only rank 0 writes it
     mode = opts.resume or ("auto" if distributed.under_torchrun() else "no")
@@ -292,6 +290,7 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     applier = None
     if opts.compile:  # the step's forward, loss and backward; ``method`` stays the eager module it updates
         model, applier = compile_step(model, device), compile_augment(device)
+    step = make_step(method, model, optimizer, device, cfg.amp, opts.cuda_graph)
     probe_data = PROBES[opts.probe]() if opts.probe and d.main else None
     initial = _probe(method, probe_data, cfg, "init") if probe_data is not None and start == 0 else {}
     watch = _rank_watch(source, method, device) if d.main else None
@@ -302,7 +301,7 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
         if opts.stop_after is not None and epoch - start >= opts.stop_after:
             break
         lr = set_lr(optimizer, base_lr, epoch, cfg.epochs)
-        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts, model, d, applier),
+        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts, model, d, applier, step),
                   "lr": lr, **initial}
         initial = {}
         if probe_data is not None and ((epoch + 1) % opts.probe_every == 0 or epoch + 1 == cfg.epochs):

@@ -41,13 +41,16 @@ def _dry_run(tmp_path, *args) -> list[dict]:
 def test_dry_run_writes_every_measurement(tmp_path):
     records = _dry_run(tmp_path)
     assert all(r["status"] == "ok" and r["device"] == "cpu" and r["dry_run"] for r in records), records
-    assert [r["bench"] for r in records] == ["environment", "pretrain", "pretrain", "federate", "federate",
-                                             "table2", "pretrain", "pretrain", "pretrain", "pretrain",
-                                             "federate"]
+    assert [r["bench"] for r in records] == ["environment", *["pretrain"] * 4, "federate", "federate",
+                                             "table2", *["pretrain"] * 5, "federate"]
     rows = [r for r in records if r["bench"] == "pretrain"]
-    assert [(r["method"], r["size"], r["compiled"]) for r in rows] == [
-        (m, s, c) for m, s in (("simsiam", 16), ("simsiam", 32), ("mocov2", 16)) for c in (False, True)]
+    assert [(r["method"], r["size"], r["compiled"], r["graphed"]) for r in rows] == [
+        ("simsiam", 16, False, False), ("simsiam", 16, False, True), ("mocov2", 16, False, True),
+        ("simsiam", 16, True, False), ("simsiam", 32, False, False), ("simsiam", 32, True, False),
+        ("mocov2", 16, False, False), ("mocov2", 16, True, False), ("simsiam", 32, False, True)]
     assert all(r["pairs_per_s"] > 0 and r["steps"] == 3 for r in rows)
+    # graphed rows: captured once in the warm-up epoch (one lr for both epochs), by the CPU stand-in
+    assert all(r["captures"] == 1 and r["capture"] == "cpu stand-in" for r in rows if r["graphed"])
     assert {r["backend"] for r in rows if r["compiled"]} == {"aot_eager"}
     fed = {r["name"]: r for r in records if r["bench"] == "federate"}
     assert fed["one client at a time"]["client_batch"] == 1 and fed["vectorised"]["client_batch"] == 2

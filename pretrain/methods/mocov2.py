@@ -53,37 +53,30 @@ def info_nce(q: Tensor, k: Tensor, negatives: Tensor, temperature: float) -> Ten
 
 class KeyBank(MemoryBankModule):
     """lightly's memory bank (its buffers, their random init and the checkpoint's ``bank``/``bank_ptr``) with
-    the write position mirrored on the host. lightly reads ``int(bank_ptr)`` at every update, which makes
-    the host wait for the device once a step (issue 40); the mirror is read from the buffer once, after
-    construction or a load, and the buffer is still written for the checkpoint."""
-
-    _host_ptr: int | None = None
-
-    def reset_pointer(self) -> None:
-        self._host_ptr = None  # the buffer was written from outside: read it at the next update
+    its write position kept on the device. lightly reads ``int(bank_ptr)`` at every update, which makes the
+    host wait for the device once a step and bakes the position into a captured CUDA graph (issue 40);
+    here the writes are indexed from the buffer itself, with lightly's result."""
 
     def negatives(self) -> Tensor:
         """The bank as it is now (K, D), a copy: the update that follows must not change the loss's
         saved tensors."""
         return self.bank.detach().clone()
 
-    # Kept out of --compile's graphs: a host position that changes every step would recompile them.
-    @torch.compiler.disable
     def push(self, keys: Tensor) -> None:
         """Write the keys (of every process, in rank order) over the oldest; as lightly, a batch that
-        reaches the bank's end fills it and the rest is dropped, and the position wraps to 0."""
+        reaches the bank's end fills it and the rest is dropped, and the position wraps to 0. Static
+        shapes: the rows past the end are written at their wrapped index with the value already there, which
+        no kept key shares (at most K keys are written)."""
         if self.gather_distributed and world_size() > 1:
             keys = concat_all_gather(keys)
-        ptr = int(self.bank_ptr) if self._host_ptr is None else self._host_ptr
         size = self.size[0]
-        if ptr + len(keys) >= size:
-            self.bank[ptr:] = keys[: size - ptr].detach()
-            ptr = 0
-        else:
-            self.bank[ptr:ptr + len(keys)] = keys.detach()
-            ptr += len(keys)
-        self.bank_ptr.fill_(ptr)
-        self._host_ptr = ptr
+        keys = keys.detach()[:size]
+        ptr = self.bank_ptr
+        at = ptr + torch.arange(len(keys), device=keys.device)
+        index = at.remainder(size)
+        rows = torch.where((at < size).unsqueeze(1), keys.to(self.bank.dtype), self.bank[index])
+        self.bank.index_copy_(0, index, rows)
+        self.bank_ptr.copy_(torch.where(ptr + len(keys) >= size, torch.zeros_like(ptr), ptr + len(keys)))
 
 
 @dataclass(frozen=True)
@@ -173,4 +166,3 @@ class MoCoV2(Method):
     def load_extra_state(self, state: dict[str, Tensor]) -> None:
         self.bank.bank.copy_(state["bank"])
         self.bank.bank_ptr.copy_(state["bank_ptr"])
-        self.bank.reset_pointer()

@@ -1,0 +1,169 @@
+"""The training step of ``pretrain`` as one object, eager or (``--cuda-graph``, issue 40) captured whole as a
+CUDA graph: forward, loss, backward, SGD, the method's after-step update (MoCo's momentum encoder and key
+bank) and the epoch's sums on the device.
+
+Why a graph: ResNet20 at 32 px on an H200 runs its step at about 8,000-9,000 pairs/s eager or compiled
+(docs/performance.md), where the step's arithmetic would allow several times that: each of the step's
+hundreds of small kernels costs its launch from the host. A graph replays all of them with one launch. It
+needs a step that never reads the device from the host (issue 40's sync-free step) and keeps every tensor
+it reads or writes at a fixed address: the batch is copied into a static buffer, the gradients stay where
+the capture put them, the sums are updated in place, and the key bank writes at a position held on the
+device (:class:`pretrain.methods.mocov2.KeyBank`). The learning rate is a number inside the graph, so the
+graph is captured again whenever it changes (once an epoch); a batch of another shape (an epoch's short
+last batch) runs eagerly. Results equal the eager step's up to float rounding (tests run the same code with
+a stand-in for the capture on the CPU; the GPU check compares the two on a device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor
+
+Capture = Callable[[Callable[[], None]], Callable[[], None]]
+WARM_STEPS = 3  # eager steps before the first capture: optimiser state, cuDNN/cuBLAS handles, compilation
+
+
+class Step:
+    """The eager step: ``step(views, labels)`` trains on one batch; ``sums()`` gives the epoch's summed loss
+    and statistics (device tensors, read once an epoch or every few steps by the caller)."""
+
+    def __init__(self, method: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 autocast=None):
+        self.method, self.model, self.optimizer = method, model, optimizer
+        self.autocast = autocast if autocast is not None else nullcontext()
+        self.loss_sum: Tensor | None = None
+        self.stat_sums: dict[str, Tensor] = {}
+
+    def begin_epoch(self) -> None:
+        """Zero the sums in place (a captured graph keeps adding to the same tensors)."""
+        for t in (self.loss_sum, *self.stat_sums.values()):
+            if t is not None:
+                t.zero_()
+
+    def __call__(self, views: Tensor, labels: Tensor | None) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._train(views, labels)
+
+    def _train(self, views: Tensor, labels: Tensor | None) -> None:
+        with self.autocast:
+            loss, stats = self.model(views, labels)
+        loss.backward()  # DDP averages the gradients over processes: the global batch's gradient
+        self.optimizer.step()
+        self.method.after_step()
+        self._add(loss.detach().float(), {k: v.float() for k, v in stats.items()})
+
+    def _add(self, loss: Tensor, stats: dict[str, Tensor]) -> None:
+        if self.loss_sum is None:
+            self.loss_sum = torch.zeros_like(loss)
+        self.loss_sum.add_(loss)
+        for key, value in stats.items():
+            if key not in self.stat_sums:
+                self.stat_sums[key] = torch.zeros_like(value)
+            self.stat_sums[key].add_(value)
+
+
+class GraphedStep(Step):
+    """The step captured once (per learning rate) and replayed for every batch of the captured shape.
+
+    ``capture(fn)`` records ``fn`` without running it and returns the replay (:func:`cuda_capture` on a
+    GPU; tests pass a stand-in that replays by calling ``fn``). The first :data:`WARM_STEPS` batches of the
+    run train eagerly (on a side stream on CUDA, as capture requires) so that nothing is created lazily
+    while capturing."""
+
+    def __init__(self, method, model, optimizer, capture: Capture, autocast=None,
+                 warm_steps: int = WARM_STEPS, side_stream: Callable[[], object] | None = None):
+        if warm_steps < 1:  # the sums must exist before the capture, or the graph would zero them each replay
+            raise ValueError("a captured step needs at least one eager warm-up step")
+        super().__init__(method, model, optimizer, autocast)
+        self.capture, self.warm_left = capture, warm_steps
+        self.side_stream = side_stream or nullcontext
+        self.views: Tensor | None = None
+        self.labels: Tensor | None = None
+        self.replay: Callable[[], None] | None = None
+        self.captured_lrs: tuple = ()
+        self.captures = 0
+
+    def invalidate(self) -> None:
+        """Forget the graph: the next batch of the static shape captures a new one."""
+        self.replay = None
+
+    def _lrs(self) -> tuple:
+        return tuple(g["lr"] for g in self.optimizer.param_groups)
+
+    def __call__(self, views: Tensor, labels: Tensor | None) -> None:
+        if self.views is None:
+            self.views = torch.empty_like(views)
+            self.labels = None if labels is None else torch.empty_like(labels)
+        if views.shape != self.views.shape or (labels is None) != (self.labels is None) or (
+                labels is not None and labels.shape != self.labels.shape):
+            self.invalidate()  # the eager step below rebinds the gradients the graph wrote
+            super().__call__(views, labels)
+            return
+        self.views.copy_(views)
+        if labels is not None:
+            self.labels.copy_(labels)
+        if self.warm_left > 0:
+            self.warm_left -= 1
+            with self.side_stream():
+                super().__call__(self.views, self.labels)
+            return
+        if self.replay is not None and self._lrs() != self.captured_lrs:
+            self.invalidate()  # the learning rate is a number inside the graph (it changes once an epoch)
+        if self.replay is None:
+            self.captured_lrs = self._lrs()
+            self.replay = self.capture(self._captured)
+            self.captures += 1
+        self.replay()
+
+    def _captured(self) -> None:
+        # the warm-up made the gradients; zeroing them in place keeps their addresses, where setting them
+        # to None would make the graph's backward allocate new ones that the eager code never sees
+        self.optimizer.zero_grad(set_to_none=False)
+        self._train(self.views, self.labels)
+
+
+def eager_capture(fn: Callable[[], None]) -> Callable[[], None]:
+    """The CPU stand-in of :func:`cuda_capture` (tests, ``bench/gpu.sh --dry-run``): records ``fn`` without
+    running it and replays it by calling it, so the static buffers' plumbing runs as on a GPU."""
+    return fn
+
+
+def cuda_capture(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` captured as a CUDA graph (not run); returns its replay."""
+    torch.cuda.synchronize()  # the warm-up's side stream and the copy of the batch have finished
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the DataLoader's pin-memory thread may call CUDA while this thread captures
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        fn()
+    return graph.replay
+
+
+def cuda_side_stream():
+    """The warm-up's side stream (capture happens on one; lazily made handles must belong to it)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+
+    class _Joined:
+        def __enter__(self):
+            self.ctx = torch.cuda.stream(stream)
+            self.ctx.__enter__()
+
+        def __exit__(self, *exc):
+            self.ctx.__exit__(*exc)
+            torch.cuda.current_stream().wait_stream(stream)
+    return _Joined()
+
+
+def make_step(method, model, optimizer, device: torch.device, amp: bool, graph: bool) -> Step:
+    """The run's step: eager, or captured when ``graph`` (CUDA only; autocast without its weight cache,
+    whose cast copies a graph would not see refreshed)."""
+    if not graph:
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if amp else None
+        return Step(method, model, optimizer, autocast)
+    if device.type != "cuda":
+        raise ValueError(f"--cuda-graph needs a CUDA device, not {device.type}")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) if amp else None
+    return GraphedStep(method, model, optimizer, cuda_capture, autocast, side_stream=cuda_side_stream)

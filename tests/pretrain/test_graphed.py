@@ -1,0 +1,140 @@
+"""``pretrain --cuda-graph`` (issue 40): the captured step trains as the eager step.
+
+On the CPU the capture is a stand-in that records the step and replays it by calling it (a real CUDA graph
+needs a GPU), and that fails where a real graph would go silently wrong: every tensor the step reads or
+writes (weights, gradients, buffers, the optimiser's state, the epoch's sums, the static batch) must keep
+its storage from the capture on, because a graph replays fixed addresses. Same kernels in the same order
+on the static buffers: the default-suite comparison is exact. The ``gpu`` test captures for real.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pretrain.graphed import GraphedStep, Step, cuda_capture, cuda_side_stream, eager_capture, make_step
+from pretrain.recipe import PretrainConfig
+from pretrain.train import build_method, make_optimizer, set_lr
+
+HEADS = {"simsiam": {"proj_dim": 32, "pred_dim": 8}, "mocov2": {"hidden_dim": 32, "bank_size": 64}}
+SIZES = (8, 8, 8, 8, 8, 4)  # an epoch: five full batches and a short last one, as pretrain's sources give
+
+
+class PinnedCapture:
+    """Capture stand-in: the replay calls the step, then checks that no tensor it touches moved."""
+
+    def __init__(self, step: GraphedStep):
+        self.step = step
+
+    def tensors(self) -> list[torch.Tensor]:
+        s = self.step
+        found = [*s.method.parameters(), *s.method.buffers(), s.views, s.loss_sum, *s.stat_sums.values()]
+        found += [p.grad for p in s.method.parameters() if p.grad is not None]
+        found += [t for state in s.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+        return found
+
+    def __call__(self, fn):
+        pinned = [t.data_ptr() for t in self.tensors()]
+
+        def replay():
+            fn()
+            assert [t.data_ptr() for t in self.tensors()] == pinned, "a tensor of the step moved"
+        return replay
+
+
+def _views(device: torch.device, epochs: int = 2) -> list[list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(1)
+    return [[torch.randn(2, b, 3, 16, 16, generator=gen).to(device) for b in SIZES] for _ in range(epochs)]
+
+
+def _train(method_name: str, device: torch.device, make) -> tuple[list[float], dict, Step]:
+    """Two epochs from seed 0; returns the epochs' summed losses, the final state and the step."""
+    cfg = PretrainConfig(method=method_name, width=0.25, size=16, batch_size=8, epochs=2,
+                         method_args=HEADS[method_name])
+    torch.manual_seed(0)
+    method = build_method(cfg, None, device).train()
+    optimizer, base_lr = make_optimizer(method, cfg)
+    step = make(method, optimizer)
+    losses = []
+    for epoch, batches in enumerate(_views(device)):
+        set_lr(optimizer, base_lr, epoch, cfg.epochs)
+        step.begin_epoch()
+        for views in batches:
+            step(views, None)
+        losses.append(float(step.loss_sum))
+    state = {k: v.detach().cpu().clone() for k, v in method.state_dict().items()}
+    state.update({f"extra.{k}": v.cpu() for k, v in method.extra_state().items()})
+    return losses, state, step
+
+
+def _eager(method, optimizer):
+    return Step(method, method, optimizer)
+
+
+def _pinned(method, optimizer):
+    step = GraphedStep(method, method, optimizer, capture=eager_capture)
+    step.capture = PinnedCapture(step)
+    return step
+
+
+@pytest.mark.parametrize("method", ["simsiam", "mocov2"])
+def test_a_captured_step_trains_as_the_eager_step(one_thread, method):
+    """Weights, BatchNorm statistics, MoCo's key encoder, bank and its position (which wraps mid-batch once
+    the short batches have shifted it), and the epochs' losses: all equal."""
+    cpu = torch.device("cpu")
+    eager_losses, eager, _ = _train(method, cpu, _eager)
+    losses, graphed, step = _train(method, cpu, _pinned)
+    assert losses == eager_losses
+    assert eager.keys() == graphed.keys()
+    for key, value in eager.items():
+        assert torch.equal(value, graphed[key]), key
+    # epoch 1: three warm-up steps, a capture, two replays, the short batch eager; epoch 2: a new capture
+    # for its learning rate, five replays, the short batch eager
+    assert step.captures == 2
+
+
+def test_the_stand_in_catches_a_step_that_moves_a_tensor():
+    """The check can fail: a momentum update that rebinds the key encoder's weights (``p.data = ...``, as
+    lightly's update once did) would leave a real graph reading the old ones."""
+    cpu = torch.device("cpu")
+
+    def rebinding(method, optimizer):
+        def after_step():
+            for p, k in zip(method.backbone.parameters(), method.key_backbone.parameters(), strict=True):
+                k.data = k.data * 0.99 + p.data * 0.01
+        method.after_step = after_step
+        return _pinned(method, optimizer)
+    with pytest.raises(AssertionError, match="moved"):
+        _train("mocov2", cpu, rebinding)
+
+
+def test_a_graph_needs_cuda_and_a_warm_up():
+    cfg = PretrainConfig(method="simsiam", width=0.25, size=16, batch_size=8, method_args=HEADS["simsiam"])
+    method = build_method(cfg, None, torch.device("cpu"))
+    optimizer, _ = make_optimizer(method, cfg)
+    with pytest.raises(ValueError, match="CUDA"):
+        make_step(method, method, optimizer, torch.device("cpu"), amp=False, graph=True)
+    with pytest.raises(ValueError, match="warm-up"):
+        GraphedStep(method, method, optimizer, eager_capture, warm_steps=0)
+    assert type(make_step(method, method, optimizer, torch.device("cpu"), amp=False, graph=False)) is Step
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["simsiam", "mocov2"])
+def test_a_cuda_graph_trains_as_the_eager_step(method):
+    """On a GPU, a real capture against eager: the same kernels, but cuDNN may choose other algorithms
+    between the two runs, so 1e-4 relative L2 per tensor after 12 steps (SimSiam amplifies rounding)."""
+    cuda = torch.device("cuda")
+    eager_losses, eager, _ = _train(method, cuda, _eager)
+
+    def real(method_, optimizer):
+        return GraphedStep(method_, method_, optimizer, cuda_capture, side_stream=cuda_side_stream)
+    losses, graphed, step = _train(method, cuda, real)
+    assert step.captures == 2
+    assert losses == pytest.approx(eager_losses, rel=1e-4)
+    for key, value in eager.items():
+        if value.is_floating_point():
+            diff = (graphed[key].double() - value.double()).norm().item()
+            assert diff <= 1e-4 * value.double().norm().item() + 1e-8, key
+        else:
+            assert torch.equal(value, graphed[key]), key
