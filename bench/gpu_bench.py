@@ -182,9 +182,9 @@ def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
     model = compile_step(method, device) if row.compiled else method
     applier = compile_augment(device) if row.compiled else None  # the views too, on a GPU (not on a CPU)
     if row.graphed and device.type == "cpu":  # the dry run: the capture's CPU stand-in
-        step = GraphedStep(method, model, optimizer, eager_capture)
+        step = GraphedStep(method, model, optimizer, eager_capture, applier=applier)
     else:
-        step = make_step(method, model, optimizer, device, cfg.amp, row.graphed)
+        step = make_step(method, model, optimizer, device, cfg.amp, row.graphed, applier)
     g = torch.Generator().manual_seed(0)
     shape = (2, row.batch, row.size, row.size, 3)
     pairs = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device)

@@ -47,8 +47,13 @@ def augment_views(images: torch.Tensor, n_views: int, cfg: AugmentConfig, genera
     Every view's draws come first, in view order (the generator's stream is that of augmenting the views
     one after the other), then ``applier`` (default :func:`apply_views`; ``pretrain --compile`` gives its
     compiled form) makes the views from them."""
-    draws = [draw_for(images[v % len(images)], cfg, generator, rows) for v in range(n_views)]
-    return (applier or apply_views)(images, draws, cfg)
+    return (applier or apply_views)(images, draw_views(images, n_views, cfg, generator, rows), cfg)
+
+
+def draw_views(images: torch.Tensor, n_views: int, cfg: AugmentConfig, generator: torch.Generator,
+               rows: tuple[int, int] | None = None) -> list[Draws]:
+    """The draws of :func:`augment_views`, every view's in view order."""
+    return [draw_for(images[v % len(images)], cfg, generator, rows) for v in range(n_views)]
 
 
 def apply_views(images: torch.Tensor, draws: list[Draws], cfg: AugmentConfig,

@@ -1,12 +1,13 @@
 """The training step of ``pretrain`` as one object, eager or (``--cuda-graph``, issue 40) captured whole as a
-CUDA graph: forward, loss, backward, SGD, the method's after-step update (MoCo's momentum encoder and key
-bank) and the epoch's sums on the device.
+CUDA graph: the views made from their random draws, forward, loss, backward, SGD, the method's after-step
+update (MoCo's momentum encoder and key bank) and the epoch's sums on the device.
 
 Why a graph: ResNet20 at 32 px on an H200 runs its step at about 8,000-9,000 pairs/s eager or compiled
 (docs/performance.md), where the step's arithmetic would allow several times that: each of the step's
 hundreds of small kernels costs its launch from the host. A graph replays all of them with one launch. It
 needs a step that never reads the device from the host (issue 40's sync-free step) and keeps every tensor
-it reads or writes at a fixed address: the batch is copied into a static buffer, the gradients stay where
+it reads or writes at a fixed address: the batch (uint8 renders) and its augmentation draws (made eagerly:
+torch.compile and graphs take no explicit generator) are copied into static buffers, the gradients stay where
 the capture put them, the sums are updated in place, and the key bank writes at a position held on the
 device (:class:`pretrain.methods.mocov2.KeyBank`). The learning rate is a number inside the graph, so the
 graph is captured again whenever it changes (once an epoch); a batch of another shape (an epoch's short
@@ -18,22 +19,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 from torch import Tensor
+
+from fpsfl.base.images import Draws
+from fractals.stream import apply_views
 
 Capture = Callable[[Callable[[], None]], Callable[[], None]]
 WARM_STEPS = 3  # eager steps before the first capture: optimiser state, cuDNN/cuBLAS handles, compilation
 
 
 class Step:
-    """The eager step: ``step(views, labels)`` trains on one batch; ``sums()`` gives the epoch's summed loss
-    and statistics (device tensors, read once an epoch or every few steps by the caller)."""
+    """The eager step: ``step(images, draws, labels)`` makes the views of one batch of uint8 renders from
+    their draws (:func:`fractals.stream.draw_views`) and trains on them; ``loss_sum``/``stat_sums`` are the
+    epoch's sums (device tensors, read once an epoch or every few steps by the caller)."""
 
     def __init__(self, method: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 autocast=None):
+                 autocast=None, applier=None):
         self.method, self.model, self.optimizer = method, model, optimizer
         self.autocast = autocast if autocast is not None else nullcontext()
+        self.applier = applier or apply_views  # None: eager, the device's form (host form on a CPU)
         self.loss_sum: Tensor | None = None
         self.stat_sums: dict[str, Tensor] = {}
 
@@ -43,9 +50,17 @@ class Step:
             if t is not None:
                 t.zero_()
 
-    def __call__(self, views: Tensor, labels: Tensor | None) -> None:
+    def __call__(self, images: Tensor, draws: list[Draws], labels: Tensor | None, lap=None) -> None:
+        """``lap(phase)``: the profile's clock, told when the views are made (eager steps only)."""
+        views = self._views(images, draws)
+        if lap is not None:
+            lap("augment")
         self.optimizer.zero_grad(set_to_none=True)
         self._train(views, labels)
+
+    def _views(self, images: Tensor, draws: list[Draws]) -> Tensor:
+        dtype = next(self.method.parameters()).dtype  # float32 (float64 under the test hook)
+        return self.applier(images, draws, self.method.augment).to(dtype)
 
     def _train(self, views: Tensor, labels: Tensor | None) -> None:
         with self.autocast:
@@ -69,18 +84,21 @@ class GraphedStep(Step):
     """The step captured once (per learning rate) and replayed for every batch of the captured shape.
 
     ``capture(fn)`` records ``fn`` without running it and returns the replay (:func:`cuda_capture` on a
-    GPU; tests pass a stand-in that replays by calling ``fn``). The first :data:`WARM_STEPS` batches of the
-    run train eagerly (on a side stream on CUDA, as capture requires) so that nothing is created lazily
-    while capturing."""
+    GPU; tests pass a stand-in that replays by calling ``fn``). The views are made inside the graph by the
+    sync-free form of the augmentation (``applier``: that form compiled, under ``--compile``). The first
+    :data:`WARM_STEPS` batches of the run train eagerly (on a side stream on CUDA, as capture requires) with
+    the same form, so that nothing (cuDNN handles, the optimiser's state, the augmentation's device
+    constants, compiled graphs) is created while capturing."""
 
-    def __init__(self, method, model, optimizer, capture: Capture, autocast=None,
+    def __init__(self, method, model, optimizer, capture: Capture, autocast=None, applier=None,
                  warm_steps: int = WARM_STEPS, side_stream: Callable[[], object] | None = None):
         if warm_steps < 1:  # the sums must exist before the capture, or the graph would zero them each replay
             raise ValueError("a captured step needs at least one eager warm-up step")
-        super().__init__(method, model, optimizer, autocast)
+        super().__init__(method, model, optimizer, autocast, applier or partial(apply_views, sync_free=True))
         self.capture, self.warm_left = capture, warm_steps
         self.side_stream = side_stream or nullcontext
-        self.views: Tensor | None = None
+        self.images: Tensor | None = None
+        self.draws: list[Draws] | None = None
         self.labels: Tensor | None = None
         self.replay: Callable[[], None] | None = None
         self.captured_lrs: tuple = ()
@@ -93,22 +111,26 @@ class GraphedStep(Step):
     def _lrs(self) -> tuple:
         return tuple(g["lr"] for g in self.optimizer.param_groups)
 
-    def __call__(self, views: Tensor, labels: Tensor | None) -> None:
-        if self.views is None:
-            self.views = torch.empty_like(views)
+    def __call__(self, images: Tensor, draws: list[Draws], labels: Tensor | None, lap=None) -> None:
+        if self.images is None:
+            self.images = torch.empty_like(images)
+            self.draws = [Draws(*map(torch.empty_like, d)) for d in draws]
             self.labels = None if labels is None else torch.empty_like(labels)
-        if views.shape != self.views.shape or (labels is None) != (self.labels is None) or (
+        if images.shape != self.images.shape or (labels is None) != (self.labels is None) or (
                 labels is not None and labels.shape != self.labels.shape):
             self.invalidate()  # the eager step below rebinds the gradients the graph wrote
-            super().__call__(views, labels)
+            super().__call__(images, draws, labels, lap)
             return
-        self.views.copy_(views)
+        self.images.copy_(images)
+        for static, d in zip(self.draws, draws, strict=True):
+            for a, b in zip(static, d, strict=True):
+                a.copy_(b)
         if labels is not None:
             self.labels.copy_(labels)
         if self.warm_left > 0:
             self.warm_left -= 1
             with self.side_stream():
-                super().__call__(self.views, self.labels)
+                super().__call__(self.images, self.draws, self.labels)
             return
         if self.replay is not None and self._lrs() != self.captured_lrs:
             self.invalidate()  # the learning rate is a number inside the graph (it changes once an epoch)
@@ -119,10 +141,11 @@ class GraphedStep(Step):
         self.replay()
 
     def _captured(self) -> None:
+        views = self._views(self.images, self.draws)
         # the warm-up made the gradients; zeroing them in place keeps their addresses, where setting them
         # to None would make the graph's backward allocate new ones that the eager code never sees
         self.optimizer.zero_grad(set_to_none=False)
-        self._train(self.views, self.labels)
+        self._train(views, self.labels)
 
 
 def eager_capture(fn: Callable[[], None]) -> Callable[[], None]:
@@ -157,13 +180,15 @@ def cuda_side_stream():
     return _Joined()
 
 
-def make_step(method, model, optimizer, device: torch.device, amp: bool, graph: bool) -> Step:
+def make_step(method, model, optimizer, device: torch.device, amp: bool, graph: bool, applier=None) -> Step:
     """The run's step: eager, or captured when ``graph`` (CUDA only; autocast without its weight cache,
-    whose cast copies a graph would not see refreshed)."""
+    whose cast copies a graph would not see refreshed). ``applier``: the views' maker (None: eager;
+    :func:`pretrain.compiled.compile_augment`'s under ``--compile``)."""
     if not graph:
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if amp else None
-        return Step(method, model, optimizer, autocast)
+        return Step(method, model, optimizer, autocast, applier)
     if device.type != "cuda":
         raise ValueError(f"--cuda-graph needs a CUDA device, not {device.type}")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) if amp else None
-    return GraphedStep(method, model, optimizer, cuda_capture, autocast, side_stream=cuda_side_stream)
+    return GraphedStep(method, model, optimizer, cuda_capture, autocast, applier,
+                       side_stream=cuda_side_stream)

@@ -42,7 +42,7 @@ from tqdm import tqdm
 from fpsfl.base.checkpoint import atomic_save, make_checkpoint, plain, save_checkpoint
 from fpsfl.base.rundir import RunDir
 from fpsfl.base.seeds import seed_of
-from fractals.stream import augment_views
+from fractals.stream import draw_views
 
 from . import distributed
 from .backbones import create_backbone
@@ -139,10 +139,10 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
     makes the views from their draws (None: eager; :func:`compile_augment`); ``step`` trains on a batch
     (None: the eager :class:`Step` of ``model``; the run passes its own, maybe a CUDA graph's)."""
     if step is None:
-        step = make_step(method, method if model is None else model, optimizer, device, cfg.amp, False)
+        model = method if model is None else model
+        step = make_step(method, model, optimizer, device, cfg.amp, False, applier)
     step.begin_epoch()
     method.train()
-    dtype = next(method.parameters()).dtype  # of the views: float32 (float64 under the test hook)
     gen = torch.Generator(device=device).manual_seed(epoch_seed(cfg.seed, epoch))
     steps = samples = 0
     bar = tqdm(total=len(source), desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step", leave=False,
@@ -154,10 +154,8 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
         labels = batch["labels"].to(device, non_blocking=True) if "labels" in batch else None
         clock.lap("data_wait")
         mine, n = images.shape[1], images.shape[1] * d.world  # this process's rows of a global batch of n
-        views = augment_views(images, method.n_views, method.augment, gen, (d.rank * mine, n), applier)
-        views = views.to(dtype)
-        clock.lap("augment")
-        step(views, labels)
+        draws = draw_views(images, method.n_views, method.augment, gen, (d.rank * mine, n))
+        step(images, draws, labels, clock.lap)  # the views, then the training step
         clock.lap("compute")
         steps, samples = steps + 1, samples + n
         _test_kill(d, epoch, steps)
@@ -290,7 +288,7 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     applier = None
     if opts.compile:  # the step's forward, loss and backward; ``method`` stays the eager module it updates
         model, applier = compile_step(model, device), compile_augment(device)
-    step = make_step(method, model, optimizer, device, cfg.amp, opts.cuda_graph)
+    step = make_step(method, model, optimizer, device, cfg.amp, opts.cuda_graph, applier)
     probe_data = PROBES[opts.probe]() if opts.probe and d.main else None
     initial = _probe(method, probe_data, cfg, "init") if probe_data is not None and start == 0 else {}
     watch = _rank_watch(source, method, device) if d.main else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fractals.stream import draw_views
 from pretrain.graphed import GraphedStep, Step, cuda_capture, cuda_side_stream, eager_capture, make_step
 from pretrain.recipe import PretrainConfig
 from pretrain.train import build_method, make_optimizer, set_lr
@@ -28,7 +29,8 @@ class PinnedCapture:
 
     def tensors(self) -> list[torch.Tensor]:
         s = self.step
-        found = [*s.method.parameters(), *s.method.buffers(), s.views, s.loss_sum, *s.stat_sums.values()]
+        found = [*s.method.parameters(), *s.method.buffers(), s.images, *[t for d in s.draws for t in d],
+                 s.loss_sum, *s.stat_sums.values()]
         found += [p.grad for p in s.method.parameters() if p.grad is not None]
         found += [t for state in s.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
         return found
@@ -42,9 +44,11 @@ class PinnedCapture:
         return replay
 
 
-def _views(device: torch.device, epochs: int = 2) -> list[list[torch.Tensor]]:
+def _renders(device: torch.device, epochs: int = 2) -> list[list[torch.Tensor]]:
+    """uint8 pairs (2, B, 16, 16, 3) of every step, as pretrain's sources give them."""
     gen = torch.Generator().manual_seed(1)
-    return [[torch.randn(2, b, 3, 16, 16, generator=gen).to(device) for b in SIZES] for _ in range(epochs)]
+    return [[torch.randint(0, 256, (2, b, 16, 16, 3), dtype=torch.uint8, generator=gen).to(device)
+             for b in SIZES] for _ in range(epochs)]
 
 
 def _train(method_name: str, device: torch.device, make) -> tuple[list[float], dict, Step]:
@@ -55,12 +59,12 @@ def _train(method_name: str, device: torch.device, make) -> tuple[list[float], d
     method = build_method(cfg, None, device).train()
     optimizer, base_lr = make_optimizer(method, cfg)
     step = make(method, optimizer)
-    losses = []
-    for epoch, batches in enumerate(_views(device)):
+    losses, gen = [], torch.Generator(device=device).manual_seed(2)
+    for epoch, batches in enumerate(_renders(device)):
         set_lr(optimizer, base_lr, epoch, cfg.epochs)
         step.begin_epoch()
-        for views in batches:
-            step(views, None)
+        for images in batches:
+            step(images, draw_views(images, method.n_views, method.augment, gen), None)
         losses.append(float(step.loss_sum))
     state = {k: v.detach().cpu().clone() for k, v in method.state_dict().items()}
     state.update({f"extra.{k}": v.cpu() for k, v in method.extra_state().items()})
@@ -80,7 +84,8 @@ def _pinned(method, optimizer):
 @pytest.mark.parametrize("method", ["simsiam", "mocov2"])
 def test_a_captured_step_trains_as_the_eager_step(one_thread, method):
     """Weights, BatchNorm statistics, MoCo's key encoder, bank and its position (which wraps mid-batch once
-    the short batches have shifted it), and the epochs' losses: all equal."""
+    the short batches have shifted it), and the epochs' losses: all equal. The eager step augments in the
+    CPU's host form, the captured one in the sync-free form, which equal each other bit for bit."""
     cpu = torch.device("cpu")
     eager_losses, eager, _ = _train(method, cpu, _eager)
     losses, graphed, step = _train(method, cpu, _pinned)
