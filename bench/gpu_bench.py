@@ -169,7 +169,7 @@ class FixedPairs:
 
 
 def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
-    from pretrain.graphed import GraphedStep, eager_capture, make_step
+    from pretrain.graphed import make_step
     from pretrain.recipe import PretrainConfig, RunOptions
     from pretrain.train import build_method, compile_augment, compile_step, make_optimizer, run_epoch, set_lr
 
@@ -181,10 +181,7 @@ def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
     optimizer, base_lr = make_optimizer(method, cfg)
     model = compile_step(method, device) if row.compiled else method
     applier = compile_augment(device) if row.compiled else None  # the views too, on a GPU (not on a CPU)
-    if row.graphed and device.type == "cpu":  # the dry run: the capture's CPU stand-in
-        step = GraphedStep(method, model, optimizer, eager_capture, applier=applier)
-    else:
-        step = make_step(method, model, optimizer, device, cfg.amp, row.graphed, applier)
+    step = make_step(method, model, optimizer, device, cfg.amp, row.graphed, applier)  # dry run: stand-in
     g = torch.Generator().manual_seed(0)
     shape = (2, row.batch, row.size, row.size, 3)
     pairs = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device)
@@ -207,7 +204,8 @@ def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
             "capture": ("cuda" if device.type == "cuda" else "cpu stand-in") if row.graphed else None}
 
 
-def federate_rate(sizes: Sizes, device: torch.device, k: int, tmp: Path, compiled: bool = False) -> dict:
+def federate_rate(sizes: Sizes, device: torch.device, k: int, tmp: Path, compiled: bool = False,
+                  graphed: bool = False) -> dict:
     from federate_round import cifar_shaped, timed_training, vectorised_on_cpu
 
     from federated.experiment import FederateConfig, RunOptions
@@ -217,10 +215,12 @@ def federate_rate(sizes: Sizes, device: torch.device, k: int, tmp: Path, compile
                          eval_local=False, **sizes.fed)
     log: list[tuple[float, int]] = []
     with timed_training(device, log), vectorised_on_cpu(device.type == "cpu" and k > 1):
-        rows = federate(cfg, RunOptions(out=tmp / f"fed-k{k}{'-compiled' * compiled}", device=str(device),
-                                        progress=False, compile=compiled), cifar_shaped(sizes.fed_scale))
+        out = tmp / f"fed-k{k}{'-compiled' * compiled}{'-graphed' * graphed}"
+        rows = federate(cfg, RunOptions(out=out, device=str(device), progress=False, compile=compiled,
+                                        cuda_graph=graphed), cifar_shaped(sizes.fed_scale))
     seconds, images = log[-1]
-    return {"client_batch": k, "compiled": compiled, "clients": cfg.clients, "scale": sizes.fed_scale,
+    return {"client_batch": k, "compiled": compiled, "graphed": graphed, "clients": cfg.clients,
+            "scale": sizes.fed_scale,
             "local_epochs": 1, "batch": 32, "image_steps_per_s": round(images / seconds, 1),
             "train_s": round(seconds, 2),
             "images": images, "round_s": [round(r["seconds"], 2) for r in rows],
@@ -228,6 +228,7 @@ def federate_rate(sizes: Sizes, device: torch.device, k: int, tmp: Path, compile
 
 
 COMPILED_CLIENT = "one client at a time, compiled"
+GRAPHED_CLIENTS = "vectorised, --cuda-graph"
 
 
 class OutOfBudget(Exception):
@@ -301,11 +302,13 @@ def measure_all(sizes: Sizes, out_dir: Path, budget: float, skip: frozenset[str]
         for row in sizes.first:
             lines.measure("pretrain", row.name, lambda r=row: pretrain_rate(r, sizes, device), row.need_s)
         rates = []
-        for k, name in ((1, "one client at a time"), (sizes.fed.get("clients", 10), "vectorised")):
-            fn = lambda k=k: federate_rate(sizes, device, k, work)  # noqa: E731
+        every = sizes.fed.get("clients", 10)
+        for k, name, graphed in ((1, "one client at a time", False), (every, "vectorised", False),
+                                 (every, GRAPHED_CLIENTS, True)):
+            fn = lambda k=k, g=graphed: federate_rate(sizes, device, k, work, graphed=g)  # noqa: E731
             rates.append(lines.measure("federate", name, fn, sizes.fed_need_s))
         lines.measure("table2", "fedavg-cifar10", lambda: table2_run(sizes, device, lines, work),
-                      first_round_s(sizes, rates[-1]))
+                      first_round_s(sizes, rates[1]))
         for row in sizes.later:
             lines.measure("pretrain", row.name, lambda r=row: pretrain_rate(r, sizes, device), row.need_s)
         # federate --compile (its first round holds the compilation; the rate is the second round's)
@@ -324,6 +327,7 @@ def check(path: Path, sizes: Sizes) -> list[str]:
                 for r in records if r.get("status") != "ok"]
     want = {("pretrain", r.name) for r in (*sizes.first, *sizes.later)} | {("table2", "fedavg-cifar10")}
     want |= {("federate", "one client at a time"), ("federate", "vectorised"), ("federate", COMPILED_CLIENT),
+             ("federate", GRAPHED_CLIENTS),
              ("environment", None)}
     found = {(r["bench"], r.get("name")) for r in records}
     problems += [f"missing: {b} {n or ''}" for b, n in sorted(want - found, key=str)]
@@ -368,6 +372,7 @@ def main() -> None:
     if args.dry_run:
         # inductor on 2 cores: about a minute a graph
         os.environ.setdefault("FPSFL_TEST_COMPILE_BACKEND", "aot_eager")
+        os.environ.setdefault("FPSFL_TEST_GRAPH_STANDIN", "1")  # --cuda-graph rows: the capture's stand-in
     budget = args.budget or sizes.budget
     path = checks(args.dry_run, args.out, budget) if args.checks else \
         measure_all(sizes, args.out, budget, frozenset(filter(None, args.skip.split(","))))

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 from torch.func import grad_and_value, vmap
+
+from fpsfl.base.graphs import Capture, cuda_side_stream
 
 from .aggregate import State
 from .algorithms import ClientContext, FedAvg
@@ -56,29 +60,38 @@ class StackedOptimizer:
         first = next(iter(params.values()))
         self.count = torch.zeros(first.shape[0], dtype=torch.float64, device=first.device)  # steps per client
 
-    def step(self, params: State, grads: State, rows: Tensor | None) -> None:
-        """``grads`` are those of ``rows`` (all clients when None), already corrected by the algorithm."""
-        self.count[rows if rows is not None else slice(None)] += 1
+    def step(self, params: State, grads: State, rows: Tensor | None, mask: Tensor | None = None) -> None:
+        """``grads`` are those of ``rows`` (all clients when None), already corrected by the algorithm.
+        ``mask`` (K,) bool, with ``rows`` None: every client computes a step and only those of the mask keep
+        it (the lock-step of a captured graph, whose shapes cannot change as clients finish)."""
+        if mask is not None:
+            self.count += mask
+        else:
+            self.count[rows if rows is not None else slice(None)] += 1
         for key, g in grads.items():
             p = params[key] if rows is None else params[key][rows]
             g = g + self.wd * p if self.wd else g
             if self.name == "adam":
-                new = self._adam(key, p, g, rows)
+                new = self._adam(key, p, g, rows, mask)
             else:
                 buf = self.buf[key] if rows is None else self.buf[key][rows]
                 buf = self.momentum * buf + g if self.momentum else g
-                _put(self.buf[key], buf, rows)
+                _put(self.buf[key], buf, rows, mask)
                 new = p - self.lr * buf
-            _put(params[key], new, rows)
+            _put(params[key], new, rows, mask)
 
-    def _adam(self, key: str, p: Tensor, g: Tensor, rows: Tensor | None) -> Tensor:
+    def state(self) -> tuple:
+        """Every tensor of the optimiser's state (a captured graph updates them in place)."""
+        return self.buf, self.sq, self.count
+
+    def _adam(self, key: str, p: Tensor, g: Tensor, rows: Tensor | None, mask: Tensor | None) -> Tensor:
         beta1, beta2, eps = 0.9, 0.999, 1e-8  # torch.optim.Adam's defaults
         m = self.buf[key] if rows is None else self.buf[key][rows]
         v = self.sq[key] if rows is None else self.sq[key][rows]
         m = torch.lerp(m, g, 1 - beta1)
         v = v * beta2 + (1 - beta2) * g * g
-        _put(self.buf[key], m, rows)
-        _put(self.sq[key], v, rows)
+        _put(self.buf[key], m, rows, mask)
+        _put(self.sq[key], v, rows, mask)
         step = self.count if rows is None else self.count[rows]
         shape = (-1,) + (1,) * (p.dim() - 1)
         step_size = (self.lr / (1 - beta1 ** step)).to(p.dtype).view(shape)
@@ -86,11 +99,27 @@ class StackedOptimizer:
         return p - step_size * m / (v.sqrt() / correction + eps)
 
 
-def _put(target: Tensor, value: Tensor, rows: Tensor | None) -> None:
-    if rows is None:
+def _put(target: Tensor, value: Tensor, rows: Tensor | None, mask: Tensor | None = None) -> None:
+    """``value`` into ``target`` in place: all clients, those of ``rows``, or (``mask``) those of the mask,
+    the others keeping theirs (a masked-out client's value may be anything, NaN included)."""
+    if mask is not None:
+        target.copy_(torch.where(_per_client(mask, target), value, target))
+    elif rows is None:
         target.copy_(value)
     else:
         target[rows] = value
+
+
+def _leaves(tree) -> list[Tensor]:
+    """The tensors of nested dicts, lists and tuples."""
+    if isinstance(tree, Tensor):
+        return [tree]
+    items = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, (list, tuple)) else ()
+    return [t for item in items for t in _leaves(item)]
+
+
+def _per_client(mask: Tensor, like: Tensor) -> Tensor:
+    return mask.view((-1,) + (1,) * (like.dim() - 1))
 
 
 def _select(tree: dict, rows: Tensor | None) -> dict:
@@ -101,9 +130,12 @@ def _select(tree: dict, rows: Tensor | None) -> dict:
 
 
 def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: Task, x: Tensor, y: Tensor,
-                  optimizer: str, lr: float, momentum: float, weight_decay: float) -> list[State]:
+                  optimizer: str, lr: float, momentum: float, weight_decay: float,
+                  capture: Capture | None = None) -> list[State]:
     """Train ``jobs`` together from their start states; returns each client's final state, in order, and
-    leaves each job's per-step losses and ``ctx.steps`` as the sequential loop would."""
+    leaves each job's per-step losses and ``ctx.steps`` as the sequential loop would. With ``capture``
+    (``federate --cuda-graph``) the steps at which every client still training has a full batch run in
+    lock-step as one captured graph (:class:`LockStep`); the others run eagerly."""
     params, buffers = _stack(model, [job.start for job in jobs])
     fm = FunctionalModel(model.train(), task)
     device = next(model.parameters()).device
@@ -112,38 +144,118 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
     opt = StackedOptimizer(params, optimizer, lr, momentum, weight_decay)
     step = _vmapped_step(fm, algo)
     plan = _step_groups(jobs)
+    locked = _lockstep_plan(jobs, plan) if capture is not None else [False] * len(plan)
+    lock = LockStep(partial(_masked_step, step, algo, params, buffers, opt, clients, shared), capture,
+                    (params, buffers, opt.state(), clients, shared)) if any(locked) else None
     # every step's input images and labels in the order the loop below uses them (streamed datasets:
-    # decoded ahead), and the rows of every partial group: moved to the device once, not step by step
+    # decoded ahead), and the rows of every partial group and the masks of every lock-step: moved to the
+    # device once, not step by step
     order = [jobs[k].batches[t] for t, groups in plan for group in groups for k in group]
     images, labels = fetch(x, order), iter(on_device(order, y.device))
-    partial = [torch.tensor(group) for _, groups in plan for group in groups if len(group) < len(jobs)]
-    partial = iter(on_device(partial, device))
+    partial_rows = [torch.tensor(group) for (_, groups), on in zip(plan, locked, strict=True) if not on
+                    for group in groups if len(group) < len(jobs)]
+    masks = [torch.isin(torch.arange(len(jobs)), torch.tensor(groups[0]))
+             for (_, groups), on in zip(plan, locked, strict=True) if on]
+    partial_rows, masks = iter(on_device(partial_rows, device)), iter(on_device(masks, device))
     check_every = check_interval(device)
-    for t, groups in plan:
+    for (t, groups), on in zip(plan, locked, strict=True):
         for group in groups:  # clients whose batch at step t has one size step together
-            rows = None if len(group) == len(jobs) else next(partial)
             inputs, targets = zip(*(task.train_inputs(next(images), y[next(labels)], jobs[k].aug_gen,
                                                       jobs[k].noise) for k in group), strict=True)
-            p, b = _select(params, rows), _select(buffers, rows)
-            single = len(jobs[group[0]].batches[t]) == 1  # one-sample batches: as federated.local.local_train
-            with one_value_batchnorm(fm.train_model, on=single):
-                grads, loss = step(p, b, _vmap_layout(torch.stack(inputs)), torch.stack(targets),
-                                   _select(clients, rows), shared)
-            if rows is not None:  # the group's BatchNorm statistics were updated in a gathered copy
-                for key, value in b.items():
-                    buffers[key][rows] = value
-            correction = algo.gradient_correction(_select(clients, rows), shared)
-            if correction is not None:
-                grads = {k: g + correction[k] for k, g in grads.items()}
-            opt.step(params, grads, rows)
-            for i, k in enumerate(group):
+            if on:  # every client computes; the finished ones (filled with another's batch) are masked out
+                fill = [group.index(k) if k in group else 0 for k in range(len(jobs))]
+                loss = lock(_vmap_layout(torch.stack([inputs[i] for i in fill])),
+                            torch.stack([targets[i] for i in fill]), next(masks))
+                losses = [loss[k] for k in group]
+            else:
+                rows = None if len(group) == len(jobs) else next(partial_rows)
+                single = len(jobs[group[0]].batches[t]) == 1  # one-sample batches: as federated.local
+                loss = _eager_step(step, algo, fm, params, buffers, opt, clients, shared, rows, single,
+                                   _vmap_layout(torch.stack(inputs)), torch.stack(targets))
+                losses = [loss[i].detach() for i in range(len(group))]
+            for k, value in zip(group, losses, strict=True):
                 jobs[k].ctx.steps += 1
-                jobs[k].losses.append(loss[i].detach())
+                jobs[k].losses.append(value)
         if check_every and (t + 1) % check_every == 0:
             _check_finite(jobs)
     _check_finite(jobs)
     return [{**{n: v[k] for n, v in params.items()}, **{n: v[k] for n, v in buffers.items()}}
             for k in range(len(jobs))]
+
+
+def _eager_step(step, algo: FedAvg, fm: FunctionalModel, params: State, buffers: State,
+                opt: StackedOptimizer, clients: dict, shared: dict, rows: Tensor | None, single: bool,
+                x: Tensor, y: Tensor) -> Tensor:
+    """One step of the clients of ``rows`` (all when None); their losses."""
+    p, b = _select(params, rows), _select(buffers, rows)
+    with one_value_batchnorm(fm.train_model, on=single):
+        grads, loss = step(p, b, x, y, _select(clients, rows), shared)
+    if rows is not None:  # the group's BatchNorm statistics were updated in a gathered copy
+        for key, value in b.items():
+            buffers[key][rows] = value
+    correction = algo.gradient_correction(_select(clients, rows), shared)
+    if correction is not None:
+        grads = {k: g + correction[k] for k, g in grads.items()}
+    opt.step(params, grads, rows)
+    return loss
+
+
+def _masked_step(step, algo: FedAvg, params: State, buffers: State, opt: StackedOptimizer, clients: dict,
+                 shared: dict, x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
+    """One step of every client, kept for those of ``mask`` only (weights, BatchNorm statistics, optimiser
+    state): static shapes for a captured graph. Each client's computation is its own under vmap, so a
+    kept client's step is the one :func:`_eager_step` would take."""
+    kept = {k: v.clone() for k, v in buffers.items()}
+    grads, loss = step(params, buffers, x, y, clients, shared)  # updates the BatchNorm statistics in place
+    for key, value in buffers.items():
+        value.copy_(torch.where(_per_client(mask, value), value, kept[key]))
+    correction = algo.gradient_correction(clients, shared)
+    if correction is not None:
+        grads = {k: g + correction[k] for k, g in grads.items()}
+    opt.step(params, grads, None, mask)
+    return loss
+
+
+def _lockstep_plan(jobs: list[ClientJob], plan: list[tuple[int, list[list[int]]]]) -> list[bool]:
+    """Which steps run in lock-step: those where every client still training has a full batch (not an
+    epoch's short last one, not a one-sample batch), so the shapes are the captured ones."""
+    full = max(len(batch) for job in jobs for batch in job.batches)
+    return [full > 1 and len(groups) == 1 and len(jobs[groups[0][0]].batches[t]) == full
+            for t, groups in plan]
+
+
+class LockStep:
+    """A round's lock-steps as one captured graph: static inputs (images, labels, mask), the first step
+    eager (on a side stream on CUDA: lazily made handles), then captured once and replayed. ``touched``:
+    every tensor the graph reads or writes, which must keep its storage (the CPU stand-in checks it)."""
+
+    def __init__(self, fn: Callable[..., Tensor], capture: Capture, touched: tuple):
+        self.fn, self.capture, self.touched = fn, capture, touched
+        self.static: tuple[Tensor, ...] | None = None
+        self.out: Tensor | None = None
+        self.replay: Callable[[], None] | None = None
+        self.warm = False
+
+    def tensors(self) -> list[Tensor]:
+        return _leaves((self.touched, self.static or ()))
+
+    def __call__(self, x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
+        """The K clients' losses (K,), a copy (the graph's output is overwritten by the next replay)."""
+        if self.static is None:
+            self.static = tuple(torch.empty_like(t) for t in (x, y, mask))
+        for static, t in zip(self.static, (x, y, mask), strict=True):
+            static.copy_(t)
+        if not self.warm:
+            self.warm = True
+            with cuda_side_stream() if x.is_cuda else nullcontext():
+                return self.fn(*self.static).detach().clone()
+        if self.replay is None:
+            self.replay = self.capture(self._captured)
+        self.replay()
+        return self.out.detach().clone()
+
+    def _captured(self) -> None:
+        self.out = self.fn(*self.static)
 
 
 def _step_groups(jobs: list[ClientJob]) -> list[tuple[int, list[list[int]]]]:

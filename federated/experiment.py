@@ -248,6 +248,11 @@ class RunOptions(RunFlags):
                                    "Flower ClientApps stay eager); for a GPU, where a step is bound by its "
                                    "launches (docs/performance.md); results equal eager ones within float "
                                    "rounding", group="run")
+    cuda_graph: bool = setting(False, "vectorised clients (--client-batch K > 1) on CUDA: the steps at which "
+                                      "every client still training has a full batch run in lock-step as "
+                                      "one captured CUDA graph, replayed (finished clients are masked "
+                                      "out); the other steps run eagerly (docs/performance.md: CUDA graphs)",
+                               group="run")
     log_rounds: bool = setting(False, cli=False)  # a line per round (flwr run: no bar; visible in flwr log)
 
     def __post_init__(self) -> None:

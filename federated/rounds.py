@@ -249,7 +249,7 @@ def _train_jobs(s: Setup, cfg: FederateConfig, jobs: list[ClientJob], k: int,
         else:
             with precision(s):
                 states += train_batched(local, s.algo, chunk, s.task, x, y, cfg.resolved_optimizer(),
-                                        chunk[0].ctx.lr, cfg.momentum, cfg.weight_decay)
+                                        chunk[0].ctx.lr, cfg.momentum, cfg.weight_decay, s.capture)
             losses += [float(torch.stack(job.losses).float().mean()) if job.losses else 0.0 for job in chunk]
         if bar is not None:
             bar.set_postfix_str(f"client {min(first + k, len(jobs))}/{len(jobs)}")
@@ -335,6 +335,9 @@ class Federated:
         if self.s.compile and k > 1:
             note = (note + "; " if note else "") + (f"--compile: the {k} vectorised clients run eagerly "
                                                     f"(--client-batch 1 compiles the one-client step)")
+        if self.s.capture is not None and k == 1:
+            note = (note + "; " if note else "") + ("--cuda-graph: clients trained one at a time run "
+                                                    "eagerly (it captures vectorised clients)")
         return [note] if note else []
 
     def round(self, rnd: int, bar: tqdm | None) -> dict:

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from fpsfl.base.checkpoint import atomic_save, load_weights_only, plain
 from fpsfl.base.device import resolve_device
+from fpsfl.base.graphs import capture_for
 from fpsfl.base.rundir import RunDir, RunDirError
 
 from .centralised import Centralised
@@ -61,6 +62,9 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
     device = resolve_device(opts.device)
     if opts.engine == "inprocess":
         check_client_batch(cfg, device)  # before anything is written
+    capture = capture_for(device) if opts.cuda_graph else None  # a CUDA device
+    if capture is not None and opts.engine != "inprocess":
+        raise ValueError(f"--cuda-graph runs with --engine inprocess, not {opts.engine}")
     rundir = RunDir(opts.out, opts.tensorboard)
     with rundir.session(opts.resume):  # before the (slow) data loading, and before anything is written
         resume = opts.resume and rundir.has_state()  # else a --resume starts a run killed before its state
@@ -78,6 +82,7 @@ def run(cfg: FederateConfig, opts: RunOptions, data: ImageData | None = None,
                 tqdm.write(size_note)
         s = setup(cfg, device, data, load_init=not resume, init=source)
         s.compile = opts.compile and opts.engine == "inprocess"
+        s.capture = capture
         if source is not None:  # a self-pre-trained --init must have seen these very client samples
             check_partition_indices(source, cfg.init_format, [p.numpy() for p in s.parts])
         if host is not None:

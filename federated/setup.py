@@ -4,6 +4,7 @@ unless given), the partition over clients and its report, the task, the initiali
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class Setup:
     init_report: str
     amp: bool = False  # --amp: bf16 autocast of local training and evaluation (federated.rounds.precision)
     compile: bool = False  # --compile: the one-client step compiled (federated.rounds.local_model)
+    capture: Callable | None = None  # --cuda-graph: how vectorised lock-steps are captured (batched.LockStep)
 
 
 def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = None,

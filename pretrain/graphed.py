@@ -24,10 +24,16 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from fpsfl.base.graphs import (  # noqa: F401 (re-exported)
+    Capture,
+    capture_for,
+    cuda_capture,
+    cuda_side_stream,
+    eager_capture,
+)
 from fpsfl.base.images import Draws
 from fractals.stream import apply_views
 
-Capture = Callable[[Callable[[], None]], Callable[[], None]]
 WARM_STEPS = 3  # eager steps before the first capture: optimiser state, cuDNN/cuBLAS handles, compilation
 
 
@@ -148,38 +154,6 @@ class GraphedStep(Step):
         self._train(views, self.labels)
 
 
-def eager_capture(fn: Callable[[], None]) -> Callable[[], None]:
-    """The CPU stand-in of :func:`cuda_capture` (tests, ``bench/gpu.sh --dry-run``): records ``fn`` without
-    running it and replays it by calling it, so the static buffers' plumbing runs as on a GPU."""
-    return fn
-
-
-def cuda_capture(fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn`` captured as a CUDA graph (not run); returns its replay."""
-    torch.cuda.synchronize()  # the warm-up's side stream and the copy of the batch have finished
-    graph = torch.cuda.CUDAGraph()
-    # thread_local: the DataLoader's pin-memory thread may call CUDA while this thread captures
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        fn()
-    return graph.replay
-
-
-def cuda_side_stream():
-    """The warm-up's side stream (capture happens on one; lazily made handles must belong to it)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-
-    class _Joined:
-        def __enter__(self):
-            self.ctx = torch.cuda.stream(stream)
-            self.ctx.__enter__()
-
-        def __exit__(self, *exc):
-            self.ctx.__exit__(*exc)
-            torch.cuda.current_stream().wait_stream(stream)
-    return _Joined()
-
-
 def make_step(method, model, optimizer, device: torch.device, amp: bool, graph: bool, applier=None) -> Step:
     """The run's step: eager, or captured when ``graph`` (CUDA only; autocast without its weight cache,
     whose cast copies a graph would not see refreshed). ``applier``: the views' maker (None: eager;
@@ -187,8 +161,7 @@ def make_step(method, model, optimizer, device: torch.device, amp: bool, graph: 
     if not graph:
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if amp else None
         return Step(method, model, optimizer, autocast, applier)
-    if device.type != "cuda":
-        raise ValueError(f"--cuda-graph needs a CUDA device, not {device.type}")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) if amp else None
-    return GraphedStep(method, model, optimizer, cuda_capture, autocast, applier,
-                       side_stream=cuda_side_stream)
+    capture = capture_for(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False) if amp else None
+    return GraphedStep(method, model, optimizer, capture, autocast, applier,
+                       side_stream=cuda_side_stream if device.type == "cuda" else None)

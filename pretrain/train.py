@@ -47,7 +47,7 @@ from fractals.stream import draw_views
 from . import distributed
 from .backbones import create_backbone
 from .compiled import COMPILE_BACKEND_ENV, compile_augment, compile_step  # noqa: F401 (re-exported)
-from .graphed import Step, make_step
+from .graphed import Step, capture_for, make_step
 from .methods import METHODS, Method
 from .probe import PROBES, probe
 from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
@@ -229,9 +229,11 @@ def train(cfg: PretrainConfig, opts: RunOptions) -> dict:
     device = distributed.device_for(opts.device, d)
     workers = default_workers(device, d.local_world) if opts.workers is None else opts.workers
     check_world(cfg, d)
-    if opts.cuda_graph and (device.type != "cuda" or d.world > 1):
-        raise ValueError(f"--cuda-graph needs one process on a CUDA device, not {d.world} on {device.type} "
-                         f"(DDP's collectives are not captured)")
+    if opts.cuda_graph:
+        capture_for(device)  # a CUDA device
+        if d.world > 1:
+            raise distributed.fail(d, ValueError(f"--cuda-graph runs in one process, not {d.world} (DDP's "
+                                                 f"collectives are not captured)"), 2)
     distributed.init(d, device, opts.dist_timeout)
     run = RunDir(opts.run_dir, opts.tensorboard)  # only rank 0 writes it
     mode = opts.resume or ("auto" if distributed.under_torchrun() else "no")

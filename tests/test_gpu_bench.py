@@ -41,7 +41,7 @@ def _dry_run(tmp_path, *args) -> list[dict]:
 def test_dry_run_writes_every_measurement(tmp_path):
     records = _dry_run(tmp_path)
     assert all(r["status"] == "ok" and r["device"] == "cpu" and r["dry_run"] for r in records), records
-    assert [r["bench"] for r in records] == ["environment", *["pretrain"] * 4, "federate", "federate",
+    assert [r["bench"] for r in records] == ["environment", *["pretrain"] * 4, *["federate"] * 3,
                                              "table2", *["pretrain"] * 5, "federate"]
     rows = [r for r in records if r["bench"] == "pretrain"]
     assert [(r["method"], r["size"], r["compiled"], r["graphed"]) for r in rows] == [
@@ -54,7 +54,9 @@ def test_dry_run_writes_every_measurement(tmp_path):
     assert {r["backend"] for r in rows if r["compiled"]} == {"aot_eager"}
     fed = {r["name"]: r for r in records if r["bench"] == "federate"}
     assert fed["one client at a time"]["client_batch"] == 1 and fed["vectorised"]["client_batch"] == 2
-    assert [r["compiled"] for r in fed.values()] == [False, False, True]  # federate --compile, last
+    assert [r["compiled"] for r in fed.values()] == [False, False, False, True]  # federate --compile, last
+    assert [r["graphed"] for r in fed.values()] == [False, False, True, False]
+    assert fed["vectorised, --cuda-graph"]["client_batch"] == 2
     assert all(r["image_steps_per_s"] > 0 and r["images"] > 0 for r in fed.values())
     table2 = next(r for r in records if r["bench"] == "table2")
     assert table2["rounds_run"] == 2 and len(table2["round_s"]) == 2
@@ -68,7 +70,8 @@ def test_the_check_finds_a_missing_or_failed_measurement(tmp_path, capsys):
     sizes = bench.DRY
     names = [("pretrain", r.name) for r in (*sizes.first, *sizes.later)]
     names += [("federate", "one client at a time"), ("federate", "vectorised"),
-              ("federate", "one client at a time, compiled"), ("table2", "fedavg-cifar10")]
+              ("federate", "vectorised, --cuda-graph"), ("federate", "one client at a time, compiled"),
+              ("table2", "fedavg-cifar10")]
     lines = [{"bench": "environment", "device": "cpu", "status": "ok"}]
     lines += [{"bench": b, "name": n, "device": "cpu", "status": "ok"} for b, n in names]
     path = tmp_path / "r.jsonl"

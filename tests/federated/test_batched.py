@@ -29,9 +29,10 @@ from tests.federated.test_algorithms import _cfg, synthetic
 CPU = torch.device("cpu")
 
 
-def _round(tmp_path, cfg, k, name, rounds=1, dtype=torch.float32, data=None):
+def _round(tmp_path, cfg, k, name, rounds=1, dtype=torch.float32, data=None, capture=None):
     cfg = cfg.__class__(**{**_fields(cfg), "client_batch": k})
     s = setup(cfg, CPU, data or synthetic(n_train=120))
+    s.capture = capture  # federate --cuda-graph's, here the CPU stand-in of a test
     if dtype != torch.float32:  # the whole computation in dtype: model, inputs
         s.model.to(dtype)
         for name_ in ("train_inputs", "eval_inputs"):
@@ -75,6 +76,61 @@ def test_batched_round_equals_the_sequential_round(tmp_path, algo, one_thread):
     bat, bat_rows = _round(tmp_path, cfg, 4, "bat")
     _close(seq, bat, rel=1e-4)
     _same_metrics(seq_rows, bat_rows)
+
+
+class PinnedCapture:
+    """Stand-in for ``federate --cuda-graph``'s capture on the CPU: the replay calls the lock-step, then
+    fails if any tensor it touches (stacked weights and statistics, optimiser state, the algorithm's
+    tensors, the static batch and mask) moved, as a real graph would silently read the old storage.
+    Records whether each replay had every client training."""
+
+    def __init__(self):
+        self.full: list[bool] = []
+
+    def __call__(self, fn):
+        owner = fn.__self__  # the LockStep
+        pinned = [t.data_ptr() for t in owner.tensors()]
+
+        def replay():
+            fn()
+            assert [t.data_ptr() for t in owner.tensors()] == pinned, "a tensor of the lock-step moved"
+            self.full.append(bool(owner.static[2].all()))
+        return replay
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_a_lockstep_round_equals_the_sequential_round(tmp_path, algo, one_thread):
+    """--cuda-graph's masked lock-steps (captured by the stand-in) compute the sequential round: in
+    float64 to 1e-10, as the eager vectorised engine. Unequal clients: replays with every client and with
+    finished clients masked out both happen (batch 4: enough steps between the clients' short last
+    batches, which run eagerly)."""
+    cfg = _cfg(algo, clients=4, batch_size=4, local_epochs=2, alpha=0.5)
+    seq, _ = _round(tmp_path, cfg, 1, "seq64", dtype=torch.float64)
+    capture = PinnedCapture()
+    locked, _ = _round(tmp_path, cfg, 4, "lock64", dtype=torch.float64, capture=capture)
+    _close(seq, locked, rel=1e-10)
+    assert True in capture.full
+    # FedVC gives every client the same number of steps (its virtual client size): nothing to mask
+    assert (False in capture.full) == (algo != "fedvc")
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_a_masked_step_moves_the_masked_clients_only(name):
+    """StackedOptimizer's mask equals its rows, and a masked-out client's NaN gradient leaves no trace."""
+    gen = torch.Generator().manual_seed(0)
+    start = {"w": torch.randn(3, 2, generator=gen)}
+    grads = [torch.randn(3, 2, generator=gen) for _ in range(3)]
+    by_rows, by_mask = {"w": start["w"].clone()}, {"w": start["w"].clone()}
+    rows_opt = StackedOptimizer(by_rows, name, lr=0.1, momentum=0.9, weight_decay=0.1)
+    mask_opt = StackedOptimizer(by_mask, name, lr=0.1, momentum=0.9, weight_decay=0.1)
+    for g in grads:
+        rows_opt.step(by_rows, {"w": g[[0, 2]]}, torch.tensor([0, 2]))
+        mask_opt.step(by_mask, {"w": torch.cat([g[:1], torch.full((1, 2), float("nan")), g[2:]])}, None,
+                      torch.tensor([True, False, True]))
+    assert torch.equal(by_mask["w"], by_rows["w"]) and torch.equal(by_mask["w"][1], start["w"][1])
+    assert torch.equal(mask_opt.count, rows_opt.count)
+    for mine, theirs in zip(mask_opt.state()[:2], rows_opt.state()[:2], strict=True):  # momentum, Adam's v
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
 def test_a_run_is_the_same_whatever_k(tmp_path, one_thread):

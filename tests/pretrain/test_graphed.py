@@ -143,3 +143,17 @@ def test_a_cuda_graph_trains_as_the_eager_step(method):
             assert diff <= 1e-4 * value.double().norm().item() + 1e-8, key
         else:
             assert torch.equal(value, graphed[key]), key
+
+
+@pytest.mark.gpu
+def test_pretrain_runs_with_a_cuda_graph(tmp_path):
+    """The CLI end to end on a GPU: two epochs (two learning rates, two captures) with a short last batch."""
+    import json
+
+    from pretrain.cli import main
+    out = tmp_path / "g.ckpt"
+    code = main(["fps", "--width", "0.25", "--size", "16", "--epochs", "2", "--batch-size", "8",
+                 "--pairs-per-epoch", "60", "--device", "cuda", "--quiet", "--cuda-graph", "--out", str(out)])
+    assert code == 0 and out.is_file()
+    rows = [json.loads(line) for line in (tmp_path / "g.run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["steps"] for r in rows] == [8, 8] and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)

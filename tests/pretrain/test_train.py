@@ -187,7 +187,7 @@ def test_cli_writes_checkpoint_and_run_dir(tmp_path, capsys):
     (["fps", "--resume"], "no training state"),
     (["fps", "--resume", "maybe"], "invalid choice"),
     (["fps", "--dist-timeout", "0"], "--dist-timeout"),
-    (["fps", "--cuda-graph"], "--cuda-graph needs one process on a CUDA device"),
+    (["fps", "--cuda-graph"], "--cuda-graph needs a CUDA device"),
     (["fps", "--out", "/proc/no/such/dir/x.ckpt"], "cannot write"),
     (["images"], "--root"),
     (["supervised", "--root", "/no/such/folder"], "/no/such/folder"),
