@@ -146,10 +146,11 @@ class RunOptions(RunFlags):
                                    "steps pay the compilation (about a minute); results equal eager ones up "
                                    "to float rounding "
                                    "(docs/performance.md: Compiled steps)", group="run")
-    cuda_graph: bool = setting(False, "capture the whole training step (forward, backward, SGD, the "
-                                      "momentum encoder and key bank) as one CUDA graph and replay it for "
-                                      "every batch: one launch instead of hundreds; CUDA and one process "
-                                      "only, combines with --compile (docs/performance.md: CUDA graphs)",
+    cuda_graph: bool = setting(False, "capture the whole training step (the views made from their draws, "
+                                      "forward, backward, SGD, the momentum encoder and key bank) as one "
+                                      "CUDA graph and replay it for every batch: one launch instead of "
+                                      "hundreds; CUDA and one process only, combines with --compile "
+                                      "(docs/performance.md: CUDA graphs)",
                                group="run")
     probe: str | None = setting(None, "kNN-probe the backbone's frozen features on this labelled set while "
                                       "pre-training (metrics.jsonl: probe_knn_acc; the random init's: "

@@ -121,6 +121,7 @@ def test_an_existing_run_is_not_overwritten(tmp_path, capsys):
     (["--track", "bogus"], "bogus"),
     (["--track", "convex", "--track-every", "0"], "--track-every"),
     (["--track", "convex", "--convex-data", "val", "--val-fraction", "0"], "validation split"),
+    (["--cuda-graph"], "--cuda-graph needs a CUDA device"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
     code, _, err = _cli(["--out", tmp_path / "r", "--device", "cpu", "--quiet", *args], capsys)
