@@ -192,7 +192,7 @@ def pretrain_rate(row: Row, sizes: Sizes, device: torch.device) -> dict:
             warmup = time.perf_counter() - t
         set_lr(optimizer, base_lr, 0, cfg.epochs)  # one lr: a graph captured in the warm-up is replayed
         record = run_epoch(method, FixedPairs(pairs, steps), optimizer, cfg, epoch, device, opts, model,
-                           applier=applier, step=step)
+                           step=step)  # the step holds the model and the applier
     captures = getattr(step, "captures", None)
     del model, method, optimizer, step
     if device.type == "cuda":

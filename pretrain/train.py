@@ -301,7 +301,7 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
         if opts.stop_after is not None and epoch - start >= opts.stop_after:
             break
         lr = set_lr(optimizer, base_lr, epoch, cfg.epochs)
-        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts, model, d, applier, step),
+        record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts, model, d, step=step),
                   "lr": lr, **initial}
         initial = {}
         if probe_data is not None and ((epoch + 1) % opts.probe_every == 0 or epoch + 1 == cfg.epochs):
