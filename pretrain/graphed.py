@@ -26,6 +26,7 @@ from torch import Tensor
 
 from fpsfl.base.graphs import (  # noqa: F401 (re-exported)
     Capture,
+    PinnedCapture,
     capture_for,
     cuda_capture,
     cuda_side_stream,
@@ -90,11 +91,12 @@ class GraphedStep(Step):
     """The step captured once (per learning rate) and replayed for every batch of the captured shape.
 
     ``capture(fn)`` records ``fn`` without running it and returns the replay (:func:`cuda_capture` on a
-    GPU; tests pass a stand-in that replays by calling ``fn``). The views are made inside the graph by the
-    sync-free form of the augmentation (``applier``: that form compiled, under ``--compile``). The first
-    :data:`WARM_STEPS` batches of the run train eagerly (on a side stream on CUDA, as capture requires) with
-    the same form, so that nothing (cuDNN handles, the optimiser's state, the augmentation's device
-    constants, compiled graphs) is created while capturing."""
+    GPU; on the CPU, tests pass :class:`~fpsfl.base.graphs.PinnedCapture`, which replays by calling
+    ``fn``). The views are made inside the graph by the sync-free form of the augmentation (``applier``:
+    that form compiled, under ``--compile``). The first :data:`WARM_STEPS` batches of the run train
+    eagerly (on a side stream on CUDA, as capture requires) with the same form, so that nothing (cuDNN
+    handles, the optimiser's state, the augmentation's device constants, compiled graphs) is created
+    while capturing."""
 
     def __init__(self, method, model, optimizer, capture: Capture, autocast=None, applier=None,
                  warm_steps: int = WARM_STEPS, side_stream: Callable[[], object] | None = None):
@@ -109,6 +111,15 @@ class GraphedStep(Step):
         self.replay: Callable[[], None] | None = None
         self.captured_lrs: tuple = ()
         self.captures = 0
+
+    def tensors(self) -> list[Tensor]:
+        """Every tensor the captured step reads or writes: they must keep their storage between replays
+        (the CPU stand-in :class:`~fpsfl.base.graphs.PinnedCapture` checks it)."""
+        found = [*self.method.parameters(), *self.method.buffers(), self.loss_sum, *self.stat_sums.values()]
+        found += [p.grad for p in self.method.parameters()]
+        found += [t for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+        found += [self.images, *(t for d in self.draws or () for t in d), self.labels]
+        return [t for t in found if t is not None]
 
     def invalidate(self) -> None:
         """Forget the graph: the next batch of the static shape captures a new one."""

@@ -2,9 +2,10 @@
 (:mod:`pretrain.graphed`) and ``federate --cuda-graph`` (:mod:`federated.batched`).
 
 A capture records a function's kernels without running them; the replay runs them all with one launch,
-at the addresses they were captured with. :func:`eager_capture` is the CPU stand-in the tests and the GPU
+at the addresses they were captured with. :class:`PinnedCapture` is the CPU stand-in the tests and the GPU
 bench's dry run use: it records the function and replays it by calling it, so the code around a graph
-(static buffers, in-place updates) runs as on a GPU.
+(static buffers, in-place updates) runs as on a GPU, and it fails where a real graph would go wrong
+silently: a tensor the step touches that moved to new storage after the capture.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 import torch
 
 Capture = Callable[[Callable[[], None]], Callable[[], None]]
-# Tests and the GPU bench's dry run only: set, --cuda-graph on a CPU captures with eager_capture
+# Tests and the GPU bench's dry run only: set, --cuda-graph on a CPU captures with PinnedCapture
 STANDIN_ENV = "FPSFL_TEST_GRAPH_STANDIN"
 
 
@@ -26,7 +27,7 @@ def capture_for(device: torch.device) -> Capture:
     if device.type == "cuda":
         return cuda_capture
     if os.environ.get(STANDIN_ENV):
-        return eager_capture
+        return PinnedCapture()
     raise ValueError(f"--cuda-graph needs a CUDA device, not {device.type}")
 
 
@@ -34,6 +35,29 @@ def eager_capture(fn: Callable[[], None]) -> Callable[[], None]:
     """The CPU stand-in of :func:`cuda_capture` (tests, ``bench/gpu.sh --dry-run``): records ``fn`` without
     running it and replays it by calling it, so the static buffers' plumbing runs as on a GPU."""
     return fn
+
+
+class PinnedCapture:
+    """The checking CPU stand-in of :func:`cuda_capture`. ``fn`` is a bound method whose owner lists
+    every tensor the captured step reads or writes (``owner.tensors()``); each replay calls ``fn``, then
+    raises RuntimeError if one of them now lives elsewhere: a real graph would have gone on reading and
+    writing the old storage. ``on_replay(owner)``, if given, runs after each replay (tests record it)."""
+
+    def __init__(self, on_replay: Callable[[object], None] | None = None):
+        self.on_replay = on_replay
+
+    def __call__(self, fn: Callable[[], None]) -> Callable[[], None]:
+        owner = fn.__self__
+        pinned = [t.data_ptr() for t in owner.tensors()]
+
+        def replay() -> None:
+            fn()
+            if [t.data_ptr() for t in owner.tensors()] != pinned:
+                raise RuntimeError(f"a tensor of the captured {type(owner).__name__} moved to new storage "
+                                   "after the capture: a CUDA graph would read and write the old one")
+            if self.on_replay is not None:
+                self.on_replay(owner)
+        return replay
 
 
 def cuda_capture(fn: Callable[[], None]) -> Callable[[], None]:

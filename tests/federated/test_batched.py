@@ -23,6 +23,7 @@ from federated.datasets import DATASETS, ImageData
 from federated.experiment import FederateConfig
 from federated.rounds import client_batch, train_round
 from federated.setup import setup
+from fpsfl.base.graphs import PinnedCapture
 from fpsfl.base.rundir import RunDir
 from tests.federated.test_algorithms import _cfg, synthetic
 
@@ -78,26 +79,6 @@ def test_batched_round_equals_the_sequential_round(tmp_path, algo, one_thread):
     _same_metrics(seq_rows, bat_rows)
 
 
-class PinnedCapture:
-    """Stand-in for ``federate --cuda-graph``'s capture on the CPU: the replay calls the lock-step, then
-    fails if any tensor it touches (stacked weights and statistics, optimiser state, the algorithm's
-    tensors, the static batch and mask) moved, as a real graph would silently read the old storage.
-    Records whether each replay had every client training."""
-
-    def __init__(self):
-        self.full: list[bool] = []
-
-    def __call__(self, fn):
-        owner = fn.__self__  # the LockStep
-        pinned = [t.data_ptr() for t in owner.tensors()]
-
-        def replay():
-            fn()
-            assert [t.data_ptr() for t in owner.tensors()] == pinned, "a tensor of the lock-step moved"
-            self.full.append(bool(owner.static[2].all()))
-        return replay
-
-
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
 def test_a_lockstep_round_equals_the_sequential_round(tmp_path, algo, one_thread):
     """--cuda-graph's masked lock-steps (captured by the stand-in) compute the sequential round: in
@@ -106,12 +87,13 @@ def test_a_lockstep_round_equals_the_sequential_round(tmp_path, algo, one_thread
     batches, which run eagerly)."""
     cfg = _cfg(algo, clients=4, batch_size=4, local_epochs=2, alpha=0.5)
     seq, _ = _round(tmp_path, cfg, 1, "seq64", dtype=torch.float64)
-    capture = PinnedCapture()
+    full = []  # per replay: whether every client was training
+    capture = PinnedCapture(on_replay=lambda lock: full.append(bool(lock.static[2].all())))
     locked, _ = _round(tmp_path, cfg, 4, "lock64", dtype=torch.float64, capture=capture)
     _close(seq, locked, rel=1e-10)
-    assert True in capture.full
+    assert True in full
     # FedVC gives every client the same number of steps (its virtual client size): nothing to mask
-    assert (False in capture.full) == (algo != "fedvc")
+    assert (False in full) == (algo != "fedvc")
 
 
 @pytest.mark.gpu
