@@ -14,7 +14,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 _INTERVAL = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
@@ -46,22 +46,27 @@ def group(cls: type, help: str) -> Any:
     return dataclasses.field(default_factory=cls, metadata={"help": help, "nested": cls, "cli": False})
 
 
+def _flat(cls: Any) -> Iterator[tuple[type, dataclasses.Field]]:
+    """(the dataclass declaring it, the field) for every setting of ``cls`` (a dataclass or an instance),
+    each settings group's (:func:`group`) in its place, in declaration order."""
+    owner = cls if isinstance(cls, type) else type(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("nested"):
+            yield from _flat(f.metadata["nested"])
+        else:
+            yield owner, f
+
+
 def flat_fields(cls: Any) -> tuple[dataclasses.Field, ...]:
     """The settings of the dataclass ``cls`` (or an instance): its fields, each settings group's
     (:func:`group`) replaced by the group's own fields, in declaration order."""
-    out: list[dataclasses.Field] = []
-    for f in dataclasses.fields(cls):
-        out.extend(flat_fields(f.metadata["nested"]) if f.metadata.get("nested") else (f,))
-    return tuple(out)
+    return tuple(f for _, f in _flat(cls))
 
 
 def flat_types(cls: type) -> dict[str, Any]:
     """:func:`field_types` of every setting of :func:`flat_fields`, groups' settings included."""
-    kinds = field_types(cls)
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        out.update(flat_types(f.metadata["nested"]) if f.metadata.get("nested") else {f.name: kinds[f.name]})
-    return out
+    kinds = {owner: field_types(owner) for owner in {owner for owner, _ in _flat(cls)}}
+    return {f.name: kinds[owner][f.name] for owner, f in _flat(cls)}
 
 
 def flag_of(f: dataclasses.Field) -> str:
