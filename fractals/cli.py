@@ -6,13 +6,27 @@ Chen et al., ICLR 2023, §4.2 and Appendix A.1 (Fractal Pair Similarity); codes 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from fpsfl.base.cli import INT, SEED, TEXT, Parser, UsageError, positive, run_main, writable_file
+from fpsfl.base.cli import (
+    INT,
+    SEED,
+    TEXT,
+    Parser,
+    UsageError,
+    add_set_flag,
+    parse_settings,
+    positive,
+    run_main,
+    writable_file,
+)
+from fpsfl.base.settings import override
+from fpsfl.base.views import ViewSettings
 
 from .ifs import PAPER_BANK, BankError, bank_or_sample, sample_codes, save_bank
 from .preview import make_cells, write_grid
@@ -39,8 +53,10 @@ def cmd_bank(args: argparse.Namespace) -> None:
 def cmd_preview(args: argparse.Namespace) -> None:
     positive("--n", args.n)
     cfg = RenderConfig.preset(_size(args.size), look=args.look, instances=args.instances)
+    views = override(ViewSettings, parse_settings(args.set), "fractals preview --set")
     writable_file(Path(args.out))
-    images = make_cells(args.kind, bank_or_sample(args.bank, args.seed), cfg, args.n, args.seed, args.augs)
+    images = make_cells(args.kind, bank_or_sample(args.bank, args.seed), cfg, args.n, args.seed,
+                        args.augs or bool(args.set), views.views())
     height, width = write_grid(images, args.out)
     print(f"wrote {args.out} ({width}x{height} px, {args.n} {args.kind} cells)")
 
@@ -106,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--n", type=INT, default=8, help="number of pairs/images (default: 8)")
     v.add_argument("--seed", type=SEED, default=0, help="random seed (default: 0)")
     v.add_argument("--bank", type=TEXT, help="code bank .npz (default: sample 100K codes from --seed)")
-    v.add_argument("--augs", action="store_true", help="also apply the image-level augmentations")
+    v.add_argument("--augs", action="store_true", help="also apply the image-level augmentations (the "
+                   "official views', MoCo-v2's, unless --set changes them)")
+    add_set_flag(v, "a setting of the views' augmentation, as pretrain --set takes it (implies --augs): "
+                 + ", ".join(f"{f.name} (default {f.default})" for f in dataclasses.fields(ViewSettings)))
     v.add_argument("--out", type=TEXT, default="preview.png", help="output PNG path (default: preview.png)")
     v.add_argument("--look", choices=LOOKS, default="paper", help="paper: the official generator's "
                    "(default); sparse: this project's first renderer")

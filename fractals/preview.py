@@ -43,13 +43,15 @@ def _denormalise(views: torch.Tensor, cfg: AugmentConfig) -> np.ndarray:
     return img.movedim(-3, -1).numpy()
 
 
-def make_cells(kind: str, bank: CodeBank, cfg: RenderConfig, n: int, seed: int, augs: bool) -> np.ndarray:
+def make_cells(kind: str, bank: CodeBank, cfg: RenderConfig, n: int, seed: int, augs: bool,
+               aug_cfg: AugmentConfig | None = None) -> np.ndarray:
     """Images to show, uint8 (V, n, S, S, 3): FPS pairs, single-fractal images as two augmented views,
-    or multi-label images. With ``augs`` the image-level augmentation is applied to each view."""
+    or multi-label images. With ``augs`` the image-level augmentation (``aug_cfg``; default: the official
+    views') is applied to each view."""
     scene = SCENE_KINDS[kind]
     images = scene.make(bank, cfg, n, np.random.default_rng(seed), min(1000, len(bank)))[0]
     if augs or len(images) < scene.views:  # views that exist only through augmentation are always shown so
-        aug_cfg = AugmentConfig()
+        aug_cfg = aug_cfg or AugmentConfig()
         gen = torch.Generator().manual_seed(seed)
         images = _denormalise(augment_views(torch.from_numpy(images), scene.views, aug_cfg, gen), aug_cfg)
     return images

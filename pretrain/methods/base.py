@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from fpsfl.base.images import AugmentConfig
 from fpsfl.base.settings import check, setting
+from fpsfl.base.views import ViewSettings
 
 # Crop + flip only: the augmentation of the classification baselines (multi-label fractals, supervised).
 CROP_FLIP = AugmentConfig(jitter_p=0.0, grayscale_p=0.0, blur_p=0.0)
@@ -46,29 +47,10 @@ class MethodConfig:
         return default
 
 
-_AUGMENT = AugmentConfig()  # the official views: ViewsConfig's defaults are read from it, not restated
-_JITTER = _AUGMENT.jitter  # MoCo-v2's colour jitter strengths, which ``jitter`` multiplies
-
-
 @dataclass(frozen=True)
-class ViewsConfig(MethodConfig):
-    """A self-supervised method's settings plus its two views' augmentation (MoCo-v2 / SimSiam, Appendix A
-    of the paper; Chen et al. 2020, "Improved baselines", §3), settable with ``--set`` for experiments on
-    harder or easier views (issue 38). The defaults are the official FPS code's."""
-
-    crop_min: float = setting(_AUGMENT.crop_scale[0], "smallest random crop, as a fraction of the image's "
-                              "area (MoCo-v2, SimSiam: 0.2; SimCLR: 0.08)", within="(0, 1]")
-    jitter: float = setting(1.0, "colour jitter strength, a multiple of MoCo-v2's (brightness, contrast, "
-                                 "saturation 0.4, hue 0.1)", within="[0, 2.5]")
-    jitter_p: float = setting(_AUGMENT.jitter_p, "probability of colour jitter (MoCo-v2)", within="[0, 1]")
-    grayscale_p: float = setting(_AUGMENT.grayscale_p, "probability of grayscale (MoCo-v2)", within="[0, 1]")
-    blur_p: float = setting(_AUGMENT.blur_p, "probability of Gaussian blur (MoCo-v2)", within="[0, 1]")
-    flip_p: float = setting(_AUGMENT.flip_p, "probability of a horizontal flip", within="[0, 1]")
-
-    def views(self, default: AugmentConfig) -> AugmentConfig:
-        return dataclasses.replace(
-            default, crop_scale=(self.crop_min, 1.0), jitter=tuple(self.jitter * s for s in _JITTER),
-            jitter_p=self.jitter_p, grayscale_p=self.grayscale_p, blur_p=self.blur_p, flip_p=self.flip_p)
+class ViewsConfig(ViewSettings, MethodConfig):
+    """A self-supervised method's settings (:class:`MethodConfig`'s first) plus its two views' augmentation
+    (:class:`fpsfl.base.views.ViewSettings`), settable with ``--set``."""
 
 
 HEADS = ("official", "imagenet")  # head sizes: the FPS code's (default) or the ImageNet recipes' (2048-wide)

@@ -41,6 +41,27 @@ def test_preview_writes_png_of_expected_size(tmp_path, kind, size, n, expected):
         assert len(np.unique(pixels, axis=0)) > 20  # not a blank image
 
 
+def _single_views(tmp_path, *sets: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The two views of each of 2 cells of ``preview --kind single`` (32 px, zoom 4), read off the PNG."""
+    out = tmp_path / "views.png"
+    assert main(["preview", "--kind", "single", "--n", "2", "--out", str(out),
+                 *[a for s in sets for a in ("--set", s)]]) == 0
+    grid = np.asarray(Image.open(out).convert("RGB"))
+    cells = []
+    for i in range(2):
+        left = 6 + i * (2 * 128 + 2 + 6)
+        cells.append((grid[6:134, left:left + 128], grid[6:134, left + 130:left + 258]))
+    return cells
+
+
+def test_preview_shows_the_views_that_set_asks_for(tmp_path):
+    """``--set`` reaches the views (pretrain's own settings): every random transform off and whole-image
+    crops make a fractal's two views one image; the defaults do not (the test can fail both ways)."""
+    off = _single_views(tmp_path, "crop_min=1", "jitter_p=0", "grayscale_p=0", "blur_p=0", "flip_p=0")
+    assert all(np.array_equal(a, b) for a, b in off)
+    assert not any(np.array_equal(a, b) for a, b in _single_views(tmp_path))
+
+
 def test_bench_json_has_positive_figures(capsys):
     assert main(["bench", "--size", "32", "--pairs", "300", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -75,6 +96,9 @@ def test_bench_with_augs(capsys):
     ["bank", "--n", "0", "--out", "x.npz"],
     ["preview", "--kind", "mosaic"],
     ["preview", "--size", "big"],
+    ["preview", "--set", "blur=0"],
+    ["preview", "--set", "crop_min=0"],
+    ["preview", "--set", "crop_min"],
 ])
 def test_bad_input_exits_2_with_one_line(argv, capsys):
     assert main(argv) == 2
