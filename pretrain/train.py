@@ -1,12 +1,12 @@
 """The pre-training loop (Chen et al., ICLR 2023, §4.2 and Appendix A.2).
 
-SGD with momentum, a per-epoch cosine learning-rate schedule (groups marked ``fixed_lr`` keep their rate,
-as SimSiam's predictor), image-level augmentation on the training device, optional bf16 autocast and
-channels-last on CUDA, optionally (``--compile``) a torch.compiled step and (``--cuda-graph``,
-:mod:`pretrain.graphed`) the whole step replayed as one CUDA graph. After every epoch it appends a line
-to ``metrics.jsonl``, writes the backbone checkpoint and then the training state (``state.pt``: weights,
-optimiser, memory bank, CPU and CUDA RNG states), each atomically, so a crash loses at most the epoch in
-progress and ``--resume`` continues where it stopped, bit for bit on CPU (``tests/test_crash_points.py``
+SGD with momentum, a learning rate set once an epoch (cosine or constant, :mod:`pretrain.schedules`; groups
+marked ``fixed_lr`` keep their rate, as SimSiam's predictor), image-level augmentation on the training device,
+optional bf16 autocast and channels-last on CUDA, optionally (``--compile``) a torch.compiled step and
+(``--cuda-graph``, :mod:`pretrain.graphed`) the whole step replayed as one CUDA graph. After every epoch it
+appends a line to ``metrics.jsonl``, writes the backbone checkpoint and then the training state (``state.pt``:
+weights, optimiser, memory bank, CPU and CUDA RNG states), each atomically, so a crash loses at most the epoch
+in progress and ``--resume`` continues where it stopped, bit for bit on CPU (``tests/test_crash_points.py``
 kills a run at each of its writes).
 
 Under ``torchrun`` (:mod:`pretrain.distributed`) the method is wrapped in DistributedDataParallel and each
@@ -29,7 +29,6 @@ may put rank 0 on another node, so every rank checks that it sees rank 0's ``con
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import time
@@ -52,6 +51,7 @@ from .methods import METHODS, Method
 from .probe import PROBES, probe
 from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
 from .recipe import PretrainConfig, RunOptions
+from .schedules import LR_SCHEDULES, cosine_lr  # noqa: F401 (cosine_lr re-exported)
 from .session import check_shared, lock_run, start_run
 from .signals import flat, scale_weights, summary, verdict, weight_drift
 from .sources import SOURCES
@@ -72,11 +72,6 @@ KILL_ENV = "FPSFL_TEST_KILL"
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. the loss diverged); the message says what to do."""
-
-
-def cosine_lr(base: float, epoch: int, epochs: int) -> float:
-    """Learning rate of ``epoch`` (0-based): base * (1 + cos(pi * epoch / epochs)) / 2 (SimSiam, MoCo-v2)."""
-    return base * 0.5 * (1.0 + math.cos(math.pi * epoch / epochs))
 
 
 def default_workers(device: torch.device, local_processes: int = 1) -> int:
@@ -108,8 +103,11 @@ def make_optimizer(method: Method, cfg: PretrainConfig) -> tuple[torch.optim.SGD
     return torch.optim.SGD(groups, lr=lr, momentum=mcfg.momentum, weight_decay=mcfg.weight_decay), lr
 
 
-def set_lr(optimizer: torch.optim.Optimizer, base: float, epoch: int, epochs: int) -> float:
-    lr = cosine_lr(base, epoch, epochs)
+def set_lr(optimizer: torch.optim.Optimizer, base: float, epoch: int, epochs: int,
+           schedule: str = "cosine") -> float:
+    """Set the rate of ``epoch`` under ``schedule`` (:data:`pretrain.schedules.LR_SCHEDULES`) on every group
+    but the ``fixed_lr`` ones, which keep ``base``; returns it."""
+    lr = LR_SCHEDULES[schedule](base, epoch, epochs)
     for group in optimizer.param_groups:
         group["lr"] = base if group["fixed_lr"] else lr
     return lr
@@ -300,7 +298,7 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     for epoch in range(start, cfg.epochs):
         if opts.stop_after is not None and epoch - start >= opts.stop_after:
             break
-        lr = set_lr(optimizer, base_lr, epoch, cfg.epochs)
+        lr = set_lr(optimizer, base_lr, epoch, cfg.epochs, method.cfg.lr_schedule)
         record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts, model, d, step=step),
                   "lr": lr, **initial}
         initial = {}

@@ -21,6 +21,8 @@ from fpsfl.base.images import AugmentConfig
 from fpsfl.base.settings import check, setting
 from fpsfl.base.views import ViewSettings
 
+from ..schedules import LR_SCHEDULES
+
 # Crop + flip only: the augmentation of the classification baselines (multi-label fractals, supervised).
 CROP_FLIP = AugmentConfig(jitter_p=0.0, grayscale_p=0.0, blur_p=0.0)
 
@@ -33,6 +35,9 @@ class MethodConfig:
                         within="(0, inf)")
     momentum: float = setting(0.9, "SGD momentum (Appendix A.2)", within="[0, 1)")
     weight_decay: float = setting(1e-4, "Appendix A.2", within="[0, inf)")
+    lr_schedule: str = setting("cosine", "learning rate over the epochs, set once an epoch: cosine (decays "
+                                         "to 0 over --epochs; SimSiam, MoCo-v2, Appendix A.2) or constant "
+                                         "(the base lr throughout; issue 38)", choices=tuple(LR_SCHEDULES))
 
     def __post_init__(self) -> None:
         check(self, style="key")

@@ -16,6 +16,7 @@ from pretrain.cli import main
 from pretrain.recipe import PretrainConfig, RunOptions
 from pretrain.session import check_shared as _check_shared
 from pretrain.sources import SOURCES
+from pretrain.schedules import LR_SCHEDULES
 from pretrain.train import cosine_lr, rng_states, set_rng_states, train
 
 TINY = {"arch": "resnet20", "width": 0.25, "size": 16, "batch_size": 8, "pairs_per_epoch": 16, "epochs": 1}
@@ -49,6 +50,19 @@ def test_cosine_schedule():
     assert cosine_lr(0.1, 0, 10) == pytest.approx(0.1)
     assert cosine_lr(0.1, 5, 10) == pytest.approx(0.05)
     assert cosine_lr(0.1, 10, 10) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("schedule", sorted(LR_SCHEDULES))
+def test_every_schedule_starts_at_the_base_lr_and_is_what_the_run_logs(tmp_path, schedule):
+    """Each epoch's logged lr is the schedule's value; cosine decays, constant stays at the base lr."""
+    cfg = dataclasses.replace(_config("fps", "mocov2", epochs=3),
+                              method_args={**SMALL_HEADS["mocov2"], "lr_schedule": schedule})
+    train(cfg, _opts(tmp_path))
+    rows = [json.loads(x) for x in (tmp_path / "run.run" / "metrics.jsonl").read_text().splitlines()]
+    base = cfg.method_config().lr * TINY["batch_size"] / 256  # the lr is per 256 samples
+    assert [r["lr"] for r in rows] == pytest.approx([LR_SCHEDULES[schedule](base, e, 3) for e in range(3)])
+    assert rows[0]["lr"] == pytest.approx(base)
+    assert (rows[-1]["lr"] < base) == (schedule == "cosine")
 
 
 @pytest.mark.parametrize("source,method", [(s, m) for s, spec in SOURCES.items() for m in spec.methods])
@@ -183,6 +197,7 @@ def test_cli_writes_checkpoint_and_run_dir(tmp_path, capsys):
     (["fps", "--arch", "mobilenet_v2", "--size", "48"], "mobilenet_v2"),
     (["fps", "--set", "tau=0.1"], "tau"),
     (["fps", "--set", "proj_dim=big"], "proj_dim"),
+    (["fps", "--set", "lr_schedule=step"], "lr_schedule"),
     (["fps", "--epochs", "0"], "--epochs"),
     (["fps", "--resume"], "no training state"),
     (["fps", "--resume", "maybe"], "invalid choice"),
