@@ -37,6 +37,8 @@ from .probe import add_probe_flags, check_checkpoints, mean_std, probe_checkpoin
 from .runs import AnalysisError, Run, load_runs, read_metrics
 
 SIGNALS = ("rankme", "z_std")  # the run's own per-epoch quality signals drawn beside the probes
+# issue 38's bar for a budget study: the largest budget at least this far above the random inits' mean
+MARGIN = 0.03  # accuracy (3 points)
 
 
 def pairs_seen(ckpt: dict, path: str) -> int:
@@ -118,6 +120,21 @@ def budget_points(checkpoints: list[str], runs: list[Run], data, device: str, se
             "random_federated": _final_accs([r for r in runs if r.config.init == "random"])}
 
 
+def study_bar(budgets: list[tuple[int, float]], base: float, base_std: float,
+              margin: float = MARGIN) -> list[str]:
+    """Issue 38's bar for one probe of a budget study: ``budgets`` are (pairs seen, mean accuracy as a
+    fraction) in increasing pairs; each budget must score at least the one before minus the random inits'
+    std, and the largest at least ``margin`` above their mean. Returns each way it fails (empty: it holds)."""
+    fails = [f"{now_pairs:,} pairs fell {100 * (prev - now):.1f} points below {prev_pairs:,} (random's std "
+             f"{100 * base_std:.1f})"
+             for (prev_pairs, prev), (now_pairs, now) in zip(budgets, budgets[1:], strict=False)
+             if now < prev - base_std]
+    if budgets and budgets[-1][1] < base + margin:
+        fails.append(f"the largest budget's {100 * budgets[-1][1]:.1f}% is below random + {100 * margin:.0f} "
+                     f"({100 * (base + margin):.1f}%)")
+    return fails
+
+
 def _band(ax, base: dict, key: str, color: str, label: str) -> None:
     """The random inits' mean ± std of ``key`` as a horizontal band."""
     m, s = 100 * base[key], 100 * base[f"{key}_std"]
@@ -178,9 +195,11 @@ def cmd_budget(args: argparse.Namespace) -> None:
     seeds = list(range(args.seed, args.seed + args.seeds))
     result = budget_points(args.checkpoints, runs, data, args.device, seeds, args.input_size, args.bn)
     result["dataset"], result["folds"] = args.dataset, data.folds
+    base = result["random_init"]
+    result["bar"] = {k: study_bar([(p["pairs"], float(np.mean(p[k]))) for p in result["points"]], base[k],
+                                  base[f"{k}_std"]) for k in ("knn_acc", "linear_acc")}
     plot_budget(result, out / "budget.png", args.dataset)
     write_json(out / "budget.json", result)
-    base = result["random_init"]
     print(f"{'random init':>16s}: kNN {100 * base['knn_acc']:.1f} ± {100 * base['knn_acc_std']:.1f}%, linear "
           f"{100 * base['linear_acc']:.1f} ± {100 * base['linear_acc_std']:.1f}% ({len(seeds)} seeds, bn "
           f"{args.bn})"
@@ -190,6 +209,10 @@ def cmd_budget(args: argparse.Namespace) -> None:
         print(f"{p['pairs']:>10,} pairs: kNN {_text(p['knn_acc'])}%, linear {_text(p['linear_acc'])}%, "
               f"cos to init {np.mean(p['deepest_cos']):.3f}, RankMe {_text(p['rankme'], 1)} "
               f"(n={len(p['checkpoints'])}){fed}")
+    for key, name in (("knn_acc", "kNN"), ("linear_acc", "linear")):
+        fails = result["bar"][key]
+        print(f"{name}: the study's bar (each budget >= the one before - random's std, the largest >= "
+              f"random + {100 * MARGIN:.0f}) " + ("holds" if not fails else "fails: " + "; ".join(fails)))
     print(f"wrote {out / 'budget.png'} and budget.json")
 
 

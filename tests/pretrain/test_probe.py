@@ -132,7 +132,9 @@ def test_analyze_budget_draws_probes_and_fedavg_against_pairs_seen(tmp_path, cap
     last = torch.load(tmp_path / "b64-s1.ckpt", weights_only=False)["signals"]
     assert [m["rankme"] for m in record["points"][1]["checkpoints"] if m["seed"] == 1] == [last["rankme"]]
     printed = capsys.readouterr()
-    assert "pairs: kNN" in printed.out
+    assert "pairs: kNN" in printed.out and printed.out.count("the study's bar") == 2
+    assert set(record["bar"]) == {"knn_acc", "linear_acc"}
+    assert all(isinstance(v, list) for v in record["bar"].values())
     assert printed.err.count("holds the same weights as") == 1 and printed.err.count("no state.pt") == 1
 
 

@@ -14,9 +14,9 @@ from fpsfl.base.rundir import RunDir, RunDirError
 from pretrain import distributed
 from pretrain.cli import main
 from pretrain.recipe import PretrainConfig, RunOptions
+from pretrain.schedules import LR_SCHEDULES
 from pretrain.session import check_shared as _check_shared
 from pretrain.sources import SOURCES
-from pretrain.schedules import LR_SCHEDULES
 from pretrain.train import cosine_lr, rng_states, set_rng_states, train
 
 TINY = {"arch": "resnet20", "width": 0.25, "size": 16, "batch_size": 8, "pairs_per_epoch": 16, "epochs": 1}

@@ -1,0 +1,31 @@
+"""Issue 38's bar for a budget study (``analysis.budget.study_bar``): each budget at least the one before
+minus the random inits' std, the largest beyond random + 3 points."""
+
+import pytest
+
+from analysis.budget import study_bar
+
+BASE, STD = 0.252, 0.023  # the fair kNN probe's random inits on the CIFAR-10 probe set (docs/budget.md)
+
+
+def test_a_rising_study_beyond_the_margin_holds():
+    assert study_bar([(125_000, 0.25), (250_000, 0.27), (500_000, 0.29)], BASE, STD) == []
+
+
+def test_a_dip_within_the_std_holds_and_one_beyond_it_fails():
+    assert study_bar([(1, 0.30), (2, 0.30 - STD + 1e-9), (3, 0.30)], BASE, STD) == []
+    fails = study_bar([(125_000, 0.314), (250_000, 0.265), (375_000, 0.30)], BASE, STD)
+    assert len(fails) == 1 and "250,000 pairs fell 4.9 points below 125,000" in fails[0]
+
+
+def test_the_largest_budget_must_clear_random_plus_three():
+    fails = study_bar([(1, 0.27), (2, 0.28)], BASE, STD)  # 28.0 < 28.2
+    assert len(fails) == 1 and "below random + 3 (28.2%)" in fails[0]
+    assert study_bar([(1, 0.27), (2, 0.283)], BASE, STD) == []
+    assert study_bar([(1, 0.27), (2, 0.283)], BASE, STD, margin=0.05) != []
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_a_study_of_fewer_than_two_budgets_is_judged_on_its_last(n):
+    budgets = [(1, 0.30)][:n]
+    assert study_bar(budgets, BASE, STD) == []
