@@ -16,6 +16,7 @@ from pretrain.cli import main
 from pretrain.recipe import PretrainConfig, RunOptions
 from pretrain.schedules import LR_SCHEDULES
 from pretrain.session import check_shared as _check_shared
+from pretrain.session import without_new_defaults
 from pretrain.sources import SOURCES
 from pretrain.train import cosine_lr, rng_states, set_rng_states, train
 
@@ -93,6 +94,23 @@ def test_resume_equals_uninterrupted(tmp_path, method, mode):
     losses = [[json.loads(x)["loss"] for x in (tmp_path / f"{n}.run" / "metrics.jsonl").open()]
               for n in ("full", "cut")]
     assert losses[0] == losses[1] and len(losses[0]) == 2
+
+
+def test_a_run_from_before_a_new_method_setting_resumes_at_its_default(tmp_path, capsys):
+    """A run whose config.json predates a method setting (here lr_schedule) resumes when the setting is at
+    its default, the behaviour the run had; set to another value it is refused, naming the method table."""
+    cfg = _config("fps", "mocov2", epochs=2)
+    train(cfg, _opts(tmp_path, stop_after=1))
+    path = tmp_path / "run.run" / "config.json"
+    saved = json.loads(path.read_text())
+    del saved["config"]["method"]["lr_schedule"]  # as a run of the code before the setting wrote it
+    path.write_text(json.dumps(saved))
+    assert train(cfg, _opts(tmp_path, resume="yes"))["epoch"] == 2
+    config = {"pretrain": {"method": "mocov2"}, "method": {"lr": 0.03, "lr_schedule": "constant"}}
+    assert without_new_defaults(config, {"lr": 0.03})["method"] == config["method"]  # not the default: kept
+    config["method"]["lr_schedule"] = "cosine"
+    assert without_new_defaults(config, {"lr": 0.03})["method"] == {"lr": 0.03}
+    assert without_new_defaults(config, {"lr": 0.03, "lr_schedule": "cosine"})["method"] == config["method"]
 
 
 def test_under_torchrun_resume_defaults_to_auto(tmp_path, monkeypatch):
