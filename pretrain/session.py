@@ -5,7 +5,6 @@ the check that every torchrun rank sees the same run directory.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import re
 from contextlib import ExitStack
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from fpsfl.base.checkpoint import differences, plain
 from fpsfl.base.rundir import RunDir, RunDirError, lock_out
-from fpsfl.base.settings import typed_table
+from fpsfl.base.settings import defaults, typed_table
 
 from . import distributed
 from .methods import METHODS
@@ -87,10 +86,9 @@ def without_new_defaults(config: dict, saved_method: dict | None) -> dict:
     default, the behaviour the run ran with; set otherwise, it still differs."""
     if not isinstance(saved_method, dict):
         return config
-    defaults = {f.name: f.default for f in dataclasses.fields(METHODS[config["pretrain"]["method"]].Config)
-                if f.default is not dataclasses.MISSING}
+    initial = defaults(METHODS[config["pretrain"]["method"]].Config)
     method = {k: v for k, v in config["method"].items()
-              if k in saved_method or k not in defaults or v != defaults[k]}
+              if k in saved_method or k not in initial or v != initial[k]}
     return {**config, "method": method}
 
 

@@ -96,9 +96,9 @@ def test_resume_equals_uninterrupted(tmp_path, method, mode):
     assert losses[0] == losses[1] and len(losses[0]) == 2
 
 
-def test_a_run_from_before_a_new_method_setting_resumes_at_its_default(tmp_path, capsys):
+def test_a_run_from_before_a_new_method_setting_resumes_at_its_default(tmp_path):
     """A run whose config.json predates a method setting (here lr_schedule) resumes when the setting is at
-    its default, the behaviour the run had; set to another value it is refused, naming the method table."""
+    its default, the behaviour the run had; set to another value, the setting stays in the comparison."""
     cfg = _config("fps", "mocov2", epochs=2)
     train(cfg, _opts(tmp_path, stop_after=1))
     path = tmp_path / "run.run" / "config.json"
