@@ -6,6 +6,10 @@ decays to 0 over the run's epochs. ``constant`` keeps the base rate throughout: 
 which the backbone keeps turning while MoCo-v2's heads spread (docs/pretraining.md, "A constant learning
 rate"), the horizon no longer set by ``--epochs``, so one long run's ``--keep-every`` checkpoints are the
 same schedule at every budget.
+
+``warmup`` scales any of them by a linear rise over the run's first epochs, set every step (SimCLR, Chen et
+al. 2020, warms up over its first 10 epochs): issue 38's last candidate, which asks whether the first steps
+at a small init turn the backbone by noise while the heads are still random.
 """
 
 from __future__ import annotations
@@ -24,6 +28,14 @@ def constant_lr(base: float, epoch: int, epochs: int) -> float:
     return base
 
 
+def warmup(progress: float, epochs: float) -> float:
+    """The warm-up's factor after ``progress`` epochs of training (fractional: steps / steps per epoch):
+    rising linearly to 1 at ``epochs``, 1 from then on and throughout when ``epochs`` is 0."""
+    if epochs <= 0:
+        return 1.0
+    return min(1.0, max(progress, 0.0) / epochs)
+
+
 LR_SCHEDULES: dict[str, Callable[[float, int, int], float]] = {"cosine": cosine_lr, "constant": constant_lr}
 
-__all__ = ["LR_SCHEDULES", "constant_lr", "cosine_lr"]
+__all__ = ["LR_SCHEDULES", "constant_lr", "cosine_lr", "warmup"]

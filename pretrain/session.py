@@ -13,10 +13,9 @@ from pathlib import Path
 
 from fpsfl.base.checkpoint import differences, plain
 from fpsfl.base.rundir import RunDir, RunDirError, lock_out
-from fpsfl.base.settings import defaults, typed_table
+from fpsfl.base.settings import typed_table
 
 from . import distributed
-from .methods import METHODS
 from .recipe import RunOptions, typed_method_args
 
 # what a resumed run must share with the saved one: the method's settings and the data (the bank's or image
@@ -71,25 +70,12 @@ def start_run(run: RunDir, resume: bool, opts: RunOptions, config: dict, world: 
     first state is started again."""
     if resume:
         check_recipe(run, config["pretrain"])
-        compared = without_new_defaults(config, run.saved_config().get("method"))
     if resume and run.has_state():
-        return run.load_state(compared, compare=RESUME_COMPARE)
+        return run.load_state(config, compare=RESUME_COMPARE)
     if resume:
-        run.start_again(compared, compare=RESUME_COMPARE)
+        run.start_again(config, compare=RESUME_COMPARE)
     run.create(config, {**asdict(opts), "world_size": world} if world > 1 else opts)
     return None
-
-
-def without_new_defaults(config: dict, saved_method: dict | None) -> dict:
-    """``config`` for comparison with a saved run's: a method setting the run's ``method`` table lacks (one
-    added to fpsfl after the run started, e.g. ``lr_schedule``) is left out where this command has it at its
-    default, the behaviour the run ran with; set otherwise, it still differs."""
-    if not isinstance(saved_method, dict):
-        return config
-    initial = defaults(METHODS[config["pretrain"]["method"]].Config)
-    method = {k: v for k, v in config["method"].items()
-              if k in saved_method or k not in initial or v != initial[k]}
-    return {**config, "method": method}
 
 
 def check_recipe(run: RunDir, table: dict) -> None:

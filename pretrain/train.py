@@ -51,7 +51,7 @@ from .methods import METHODS, Method
 from .probe import PROBES, probe
 from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
 from .recipe import PretrainConfig, RunOptions
-from .schedules import LR_SCHEDULES, cosine_lr  # noqa: F401 (cosine_lr re-exported)
+from .schedules import LR_SCHEDULES, cosine_lr, warmup  # noqa: F401 (cosine_lr re-exported)
 from .session import check_shared, lock_run, start_run
 from .signals import flat, scale_weights, summary, verdict, weight_drift
 from .sources import SOURCES
@@ -113,6 +113,12 @@ def set_lr(optimizer: torch.optim.Optimizer, base: float, epoch: int, epochs: in
     return lr
 
 
+def warm_lr(optimizer: torch.optim.Optimizer, epoch_lrs: list[float], factor: float) -> None:
+    """Scale the epoch's rates by the warm-up's ``factor`` on every group but the ``fixed_lr`` ones."""
+    for group, lr in zip(optimizer.param_groups, epoch_lrs, strict=True):
+        group["lr"] = lr if group["fixed_lr"] else lr * factor
+
+
 class _Clock:
     """Accumulates seconds per phase; with ``sync`` it waits for the GPU so each phase gets its own time."""
 
@@ -147,7 +153,10 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
                disable=not (opts.progress and d.main), dynamic_ncols=True)
     start = time.perf_counter()
     clock = _Clock(device, opts.profile)
+    warm, epoch_lrs = method.cfg.warmup_epochs, [g["lr"] for g in optimizer.param_groups]
     for batch in source.batches(epoch):
+        if epoch < warm:  # set every step (a captured graph is captured again at each new rate)
+            warm_lr(optimizer, epoch_lrs, warmup(epoch + (steps + 1) / len(source), warm))
         images = batch["images"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True) if "labels" in batch else None
         clock.lap("data_wait")
@@ -300,7 +309,7 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
             break
         lr = set_lr(optimizer, base_lr, epoch, cfg.epochs, method.cfg.lr_schedule)
         record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts, model, d, step=step),
-                  "lr": lr, **initial}
+                  "lr": lr * warmup(epoch + 1, method.cfg.warmup_epochs), **initial}  # the last step's
         initial = {}
         if probe_data is not None and ((epoch + 1) % opts.probe_every == 0 or epoch + 1 == cfg.epochs):
             record.update(_probe(method, probe_data, cfg))

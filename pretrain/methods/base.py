@@ -38,6 +38,9 @@ class MethodConfig:
     lr_schedule: str = setting("cosine", "learning rate over the epochs, set once an epoch: cosine (decays "
                                          "to 0 over --epochs; SimSiam, MoCo-v2, Appendix A.2) or constant "
                                          "(the base lr throughout; issue 38)", choices=tuple(LR_SCHEDULES))
+    warmup_epochs: float = setting(0.0, "epochs over which the lr rises linearly from 0 to the schedule's, "
+                                        "set every step (0: none, the official code's; SimCLR warms up its "
+                                        "first 10 epochs; issue 38)", within="[0, inf)")
 
     def __post_init__(self) -> None:
         check(self, style="key")

@@ -14,9 +14,8 @@ from fpsfl.base.rundir import RunDir, RunDirError
 from pretrain import distributed
 from pretrain.cli import main
 from pretrain.recipe import PretrainConfig, RunOptions
-from pretrain.schedules import LR_SCHEDULES
+from pretrain.schedules import LR_SCHEDULES, warmup
 from pretrain.session import check_shared as _check_shared
-from pretrain.session import without_new_defaults
 from pretrain.sources import SOURCES
 from pretrain.train import cosine_lr, rng_states, set_rng_states, train
 
@@ -66,6 +65,44 @@ def test_every_schedule_starts_at_the_base_lr_and_is_what_the_run_logs(tmp_path,
     assert (rows[-1]["lr"] < base) == (schedule == "cosine")
 
 
+def test_warmup_rises_linearly_to_one_and_is_off_at_zero():
+    assert [warmup(p, 2.0) for p in (0.0, 0.5, 1.0, 2.0, 3.0)] == pytest.approx([0.0, 0.25, 0.5, 1.0, 1.0])
+    assert warmup(0.0, 0.0) == warmup(0.3, 0.0) == 1.0
+
+
+@pytest.mark.parametrize("schedule", sorted(LR_SCHEDULES))
+def test_the_warm_up_sets_the_lr_of_every_step(tmp_path, monkeypatch, schedule):
+    """With ``warmup_epochs=1.5`` over 3 epochs of 2 steps each, step k (1-based, counted over the run) trains
+    at the schedule's rate times min(1, k / 3): the rate each step's optimizer holds is recorded."""
+    import pretrain.train as train_module
+
+    seen: list[float] = []
+    real = train_module.make_step
+
+    def recording(method, model, optimizer, *args, **kwargs):
+        step = real(method, model, optimizer, *args, **kwargs)
+        inner = step.__call__
+
+        class Recorded:
+            def __getattr__(self, name):
+                return getattr(step, name)
+
+            def __call__(self, *a, **k):
+                seen.append(optimizer.param_groups[0]["lr"])
+                return inner(*a, **k)
+        return Recorded()
+
+    monkeypatch.setattr(train_module, "make_step", recording)
+    cfg = dataclasses.replace(_config("fps", "mocov2", epochs=3), method_args={
+        **SMALL_HEADS["mocov2"], "lr_schedule": schedule, "warmup_epochs": 1.5})
+    train(cfg, _opts(tmp_path))
+    base = cfg.method_config().lr * TINY["batch_size"] / 256
+    want = [LR_SCHEDULES[schedule](base, k // 2, 3) * min(1.0, (k + 1) / 3) for k in range(6)]
+    assert seen == pytest.approx(want) and seen[0] < seen[1] < seen[2]
+    rows = [json.loads(x) for x in (tmp_path / "run.run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in rows] == pytest.approx(want[1::2])  # the epoch's last step's rate
+
+
 @pytest.mark.parametrize("source,method", [(s, m) for s, spec in SOURCES.items() for m in spec.methods])
 def test_every_source_and_method_trains_one_epoch(tmp_path, image_root, source, method):
     cfg = _config(source, method, image_root)
@@ -94,23 +131,6 @@ def test_resume_equals_uninterrupted(tmp_path, method, mode):
     losses = [[json.loads(x)["loss"] for x in (tmp_path / f"{n}.run" / "metrics.jsonl").open()]
               for n in ("full", "cut")]
     assert losses[0] == losses[1] and len(losses[0]) == 2
-
-
-def test_a_run_from_before_a_new_method_setting_resumes_at_its_default(tmp_path):
-    """A run whose config.json predates a method setting (here lr_schedule) resumes when the setting is at
-    its default, the behaviour the run had; set to another value, the setting stays in the comparison."""
-    cfg = _config("fps", "mocov2", epochs=2)
-    train(cfg, _opts(tmp_path, stop_after=1))
-    path = tmp_path / "run.run" / "config.json"
-    saved = json.loads(path.read_text())
-    del saved["config"]["method"]["lr_schedule"]  # as a run of the code before the setting wrote it
-    path.write_text(json.dumps(saved))
-    assert train(cfg, _opts(tmp_path, resume="yes"))["epoch"] == 2
-    config = {"pretrain": {"method": "mocov2"}, "method": {"lr": 0.03, "lr_schedule": "constant"}}
-    assert without_new_defaults(config, {"lr": 0.03})["method"] == config["method"]  # not the default: kept
-    config["method"]["lr_schedule"] = "cosine"
-    assert without_new_defaults(config, {"lr": 0.03})["method"] == {"lr": 0.03}
-    assert without_new_defaults(config, {"lr": 0.03, "lr_schedule": "cosine"})["method"] == config["method"]
 
 
 def test_under_torchrun_resume_defaults_to_auto(tmp_path, monkeypatch):
