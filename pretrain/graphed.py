@@ -10,9 +10,10 @@ it reads or writes at a fixed address: the batch (uint8 renders) and its augment
 torch.compile and graphs take no explicit generator) are copied into static buffers, the gradients stay where
 the capture put them, the sums are updated in place, and the key bank writes at a position held on the
 device (:class:`pretrain.methods.mocov2.KeyBank`). The learning rate is a number inside the graph, so the
-graph is captured again whenever it changes (once an epoch); a batch of another shape (an epoch's short
-last batch) runs eagerly. Results equal the eager step's up to float rounding (tests run the same code with
-a stand-in for the capture on the CPU; the GPU check compares the two on a device).
+graph is captured again whenever it changes (once an epoch; every step of a ``warmup_epochs`` warm-up); a
+batch of another shape (an epoch's short last batch) runs eagerly. Results equal the eager step's up to float
+rounding (tests run the same code with a stand-in for the capture on the CPU; the GPU check compares the two
+on a device).
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ class GraphedStep(Step):
                 super().__call__(self.images, self.draws, self.labels)
             return
         if self.replay is not None and self._lrs() != self.captured_lrs:
-            self.invalidate()  # the learning rate is a number inside the graph (it changes once an epoch)
+            self.invalidate()  # the lr is a number inside the graph (it changes once an epoch, or a step)
         if self.replay is None:
             self.captured_lrs = self._lrs()
             self.replay = self.capture(self._captured)
