@@ -212,12 +212,6 @@ def typed_table(table: Any, kind: str, args: str, typer: Callable[[str, Mapping[
         return table
 
 
-def defaults(cls: type) -> dict[str, Any]:
-    """Each field's default value (``default_factory`` called); fields without one are left out."""
-    return {f.name: field_default(f) for f in dataclasses.fields(cls)
-            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
-
-
 def group_fields(cls: type, *groups: str) -> tuple[str, ...]:
     """The names of ``cls``'s fields declared in ``groups`` (:func:`setting`'s ``group``), in declaration
     order: one group's settings taken as a whole (e.g. a run's data settings) instead of a hand list."""
