@@ -307,9 +307,9 @@ def _train(cfg: PretrainConfig, opts: RunOptions, d: distributed.Dist, device: t
     for epoch in range(start, cfg.epochs):
         if opts.stop_after is not None and epoch - start >= opts.stop_after:
             break
-        lr = set_lr(optimizer, base_lr, epoch, cfg.epochs, method.cfg.lr_schedule)
+        set_lr(optimizer, base_lr, epoch, cfg.epochs, method.cfg.lr_schedule)
         record = {**run_epoch(method, source, optimizer, cfg, epoch, device, opts, model, d, step=step),
-                  "lr": lr * warmup(epoch + 1, method.cfg.warmup_epochs), **initial}  # the last step's
+                  "lr": optimizer.param_groups[0]["lr"], **initial}  # the last step's (group 0: scheduled)
         initial = {}
         if probe_data is not None and ((epoch + 1) % opts.probe_every == 0 or epoch + 1 == cfg.epochs):
             record.update(_probe(method, probe_data, cfg))

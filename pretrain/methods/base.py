@@ -112,7 +112,8 @@ class Method(nn.Module):
         raise NotImplementedError
 
     def param_groups(self) -> list[dict]:
-        """Optimiser groups; a group with ``fixed_lr=True`` is kept off the learning-rate schedule."""
+        """Optimiser groups; a group with ``fixed_lr=True`` is kept off the learning-rate schedule. The first
+        group is on it: its rate is the one ``metrics.jsonl`` logs."""
         return [{"params": [p for p in self.parameters() if p.requires_grad], "fixed_lr": False}]
 
     @torch.no_grad()
