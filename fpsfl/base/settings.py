@@ -65,8 +65,9 @@ def flat_fields(cls: Any) -> tuple[dataclasses.Field, ...]:
 
 def flat_types(cls: type) -> dict[str, Any]:
     """:func:`field_types` of every setting of :func:`flat_fields`, groups' settings included."""
-    kinds = {owner: field_types(owner) for owner in {owner for owner, _ in _flat(cls)}}
-    return {f.name: kinds[owner][f.name] for owner, f in _flat(cls)}
+    flat = list(_flat(cls))
+    kinds = {owner: field_types(owner) for owner in {owner for owner, _ in flat}}
+    return {f.name: kinds[owner][f.name] for owner, f in flat}
 
 
 def flag_of(f: dataclasses.Field) -> str:
