@@ -42,12 +42,17 @@ from . import METHODS
 from .base import HEADS, IMAGENET_HIDDEN, Method, ViewsConfig, feature_std, filled
 
 
-def info_nce(q: Tensor, k: Tensor, negatives: Tensor, temperature: float) -> Tensor:
+def info_nce(q: Tensor, k: Tensor, negatives: Tensor, temperature: float,
+             valid: Tensor | None = None) -> Tensor:
     """MoCo's InfoNCE (He et al. 2020, eq. 1): queries q (B, D) against their positive keys k (B, D) and the
     bank's negatives (K, D), all compared by cosine; the positive's logit first, the mean over the batch.
-    ``negatives`` are unit vectors already (the bank holds normalised keys)."""
+    ``negatives`` are unit vectors already (the bank holds normalised keys). ``valid`` (K,) bool: the
+    negatives that count (None: all); the others leave the softmax, static shapes kept."""
     q, k = F.normalize(q, dim=1), F.normalize(k, dim=1)
-    logits = torch.cat(((q * k).sum(1, keepdim=True), q @ negatives.T), 1) / temperature
+    against = q @ negatives.T
+    if valid is not None:
+        against = against.masked_fill(~valid, float("-inf"))
+    logits = torch.cat(((q * k).sum(1, keepdim=True), against), 1) / temperature
     return (torch.logsumexp(logits, 1) - logits[:, 0]).mean()
 
 
@@ -55,7 +60,23 @@ class KeyBank(MemoryBankModule):
     """lightly's memory bank (its buffers, their random init and the checkpoint's ``bank``/``bank_ptr``) with
     its write position kept on the device. lightly reads ``int(bank_ptr)`` at every update, which makes the
     host wait for the device once a step and bakes the position into a captured CUDA graph (issue 40);
-    here the writes are indexed from the buffer itself, with lightly's result."""
+    here the writes are indexed from the buffer itself, with lightly's result.
+
+    ``empty``: the bank starts with no keys instead of lightly's (and the MoCo reference's) random unit
+    vectors; ``filled`` counts the rows written (from row 0, on the device), and :meth:`valid` masks the rest
+    out of the loss. A full bank is lightly's bank (``filled`` is K from the start when not ``empty``)."""
+
+    def __init__(self, size: tuple[int, int], gather_distributed: bool, empty: bool = False):
+        super().__init__(size=size, gather_distributed=gather_distributed)
+        self.empty = empty
+        self.register_buffer("filled", torch.full((1,), 0 if empty else size[0], dtype=torch.long),
+                             persistent=False)
+
+    def valid(self) -> Tensor | None:
+        """(K,) bool, the rows holding keys; None when the bank started full (every row counts)."""
+        if not self.empty:
+            return None
+        return torch.arange(self.size[0], device=self.bank.device) < self.filled
 
     def negatives(self) -> Tensor:
         """The bank as it is now (K, D), a copy: the update that follows must not change the loss's
@@ -77,6 +98,7 @@ class KeyBank(MemoryBankModule):
         rows = torch.where((at < size).unsqueeze(1), keys.to(self.bank.dtype), self.bank[index])
         self.bank.index_copy_(0, index, rows)
         self.bank_ptr.copy_(torch.where(ptr + len(keys) >= size, torch.zeros_like(ptr), ptr + len(keys)))
+        self.filled.copy_((self.filled + len(keys)).clamp(max=size))
 
 
 @dataclass(frozen=True)
@@ -95,6 +117,10 @@ class MoCoV2Config(ViewsConfig):
     bank_size: int = setting(65_536, "keys in the memory bank (MoCo: K = 65,536)", within="[1, inf)")
     temperature: float = setting(0.2, "InfoNCE temperature (MoCo-v2)", within="(0, inf)")
     key_momentum: float = setting(0.999, "momentum of the key encoder (MoCo: m = 0.999)", within="[0, 1)")
+    bank_start: str = setting("random", "what the memory bank holds before the first keys: random (unit "
+                                        "vectors, as the MoCo reference and lightly) or empty (negatives "
+                                        "only from keys written so far): issue 38, docs/pretraining.md",
+                              choices=("random", "empty"))
     keep: str = setting("query", "the encoder the checkpoint keeps: query (the MoCo reference) or key (its "
                                  "momentum average, as BYOL's and DINO's target): docs/pretraining.md",
                         choices=("query", "key"))
@@ -127,7 +153,7 @@ class MoCoV2(Method):
         deactivate_requires_grad(self.key_head)
         bank = (cfg.bank_size, cfg.out_dim)
         # gather_distributed: the bank takes every process's keys, in rank order (a no-op with one process)
-        self.bank = KeyBank(size=bank, gather_distributed=True)
+        self.bank = KeyBank(size=bank, gather_distributed=True, empty=cfg.bank_start == "empty")
 
     def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         q = self.head(self.backbone(views[0]))
@@ -138,7 +164,7 @@ class MoCoV2(Method):
     def loss(self, q: Tensor, k: Tensor) -> Tensor:
         """InfoNCE against the bank as it was; then, when q requires grad (training, as lightly), the
         normalised keys k replace the oldest in the bank."""
-        loss = info_nce(q, k, self.bank.negatives(), self.cfg.temperature)
+        loss = info_nce(q, k, self.bank.negatives(), self.cfg.temperature, self.bank.valid())
         if q.requires_grad:
             self.bank.push(F.normalize(k.detach(), dim=1))
         return loss
@@ -161,8 +187,11 @@ class MoCoV2(Method):
 
     def extra_state(self) -> dict[str, Tensor]:
         bank = self.bank  # non-persistent buffers: not in the state_dict
-        return {"bank": bank.bank.detach().clone(), "bank_ptr": bank.bank_ptr.detach().clone()}
+        return {"bank": bank.bank.detach().clone(), "bank_ptr": bank.bank_ptr.detach().clone(),
+                "bank_filled": bank.filled.detach().clone()}
 
     def load_extra_state(self, state: dict[str, Tensor]) -> None:
         self.bank.bank.copy_(state["bank"])
         self.bank.bank_ptr.copy_(state["bank_ptr"])
+        # states from before bank_start hold a bank that started full
+        self.bank.filled.copy_(state.get("bank_filled", torch.full_like(self.bank.filled, self.bank.size[0])))

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from pretrain.backbones import create_backbone
 from pretrain.methods import METHODS, ViewsConfig, feature_std, simsiam_loss
-from pretrain.methods.mocov2 import MoCoV2, MoCoV2Config
+from pretrain.methods.mocov2 import MoCoV2, MoCoV2Config, info_nce
 from pretrain.methods.simsiam import SimSiam, SimSiamConfig
 
 N_CLASSES = 5
@@ -109,6 +109,43 @@ def test_moco_bank_writes_at_a_loaded_position():
     assert int(method.bank.bank_ptr) == 7
     method.loss(torch.randn(2, 4), torch.randn(2, 4))  # no grad (evaluation): the bank is not written
     assert int(method.bank.bank_ptr) == 7
+
+
+def test_an_empty_bank_counts_only_the_keys_written():
+    """bank_start=empty (issue 38): each step's loss is InfoNCE over the keys written so far only, the
+    plain loss over that slice of the bank (a bank of 8, batches of 3: 0, 3, 6, then 8 keys after the wrap).
+    The first step has no negative, so its loss is 0 and its gradient too."""
+    gen = torch.Generator().manual_seed(1)
+    method = MoCoV2(_tiny_backbone(), MoCoV2Config(bank_size=8, out_dim=4, temperature=0.3, hidden_dim=8,
+                                                   bank_start="empty"))
+    slots, ptr = [None] * 8, 0  # lightly's writes: from the position on, the rest dropped at the end
+    for step in range(4):
+        q = torch.randn(3, 4, generator=gen, requires_grad=True)
+        k = torch.randn(3, 4, generator=gen)
+        keys = [key for key in slots if key is not None]
+        want = info_nce(q, k, torch.stack(keys) if keys else torch.zeros(0, 4), 0.3)
+        got = method.loss(q, k)
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-7), step
+        if step == 0:
+            assert got.item() == 0.0 and torch.autograd.grad(got, q)[0].abs().max() == 0
+        for key in F.normalize(k, dim=1)[:8 - ptr]:
+            slots[ptr], ptr = key, ptr + 1
+        ptr %= 8
+        assert int(method.bank.filled) == min(3 * (step + 1), 8)
+
+
+def test_an_empty_bank_resumes_with_its_count_and_old_states_load_full():
+    method = MoCoV2(_tiny_backbone(), MoCoV2Config(bank_size=8, out_dim=4, hidden_dim=8, bank_start="empty"))
+    method.loss(torch.randn(3, 4, requires_grad=True), torch.randn(3, 4))
+    state = method.extra_state()
+    again = MoCoV2(_tiny_backbone(), MoCoV2Config(bank_size=8, out_dim=4, hidden_dim=8, bank_start="empty"))
+    again.load_extra_state(state)
+    assert int(again.bank.filled) == 3 and again.bank.valid().tolist() == [True] * 3 + [False] * 5
+    del state["bank_filled"]  # a state written before bank_start: its bank started full
+    again.load_extra_state(state)
+    assert int(again.bank.filled) == 8
+    full = MoCoV2(_tiny_backbone(), MoCoV2Config(bank_size=8, out_dim=4, hidden_dim=8))
+    assert full.bank.valid() is None and int(full.bank.filled) == 8
 
 
 def test_moco_momentum_update_moves_keys_towards_queries():
