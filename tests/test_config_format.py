@@ -186,9 +186,8 @@ def test_a_run_written_before_a_method_setting_resumes(tmp_path, capsys, monkeyp
                                                        value):
     """MoCo-v2's head_bn came in format 3, keep in format 4, the views' settings of both self-supervised
     methods in format 5, every method's lr_schedule and warmup_epochs in format 6, MoCo-v2's bank_start in
-    format 7; an older run's method table
-    lacks them, and --resume compares that table whole, so without the steps every earlier run of the method
-    was refused."""
+    format 7; an older run's method table lacks them, and --resume compares that table whole, so without the
+    steps every earlier run of the method was refused."""
     import dataclasses
 
     import pretrain.cli as pcli
