@@ -19,6 +19,7 @@ statistics stay per process by design (no SyncBatchNorm), so the loss is not tha
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,18 @@ def info_nce(q: Tensor, k: Tensor, negatives: Tensor, temperature: float,
         against = against.masked_fill(~valid, float("-inf"))
     logits = torch.cat(((q * k).sum(1, keepdim=True), against), 1) / temperature
     return (torch.logsumexp(logits, 1) - logits[:, 0]).mean()
+
+
+def uniformity(x: Tensor, t: float = 2.0) -> Tensor:
+    """Wang & Isola (ICML 2020, "Understanding contrastive representation learning through alignment and
+    uniformity on the hypersphere", eq. 5): the log of the mean Gaussian potential exp(-t |x_i - x_j|^2)
+    over the batch's ordered pairs i != j of the l2-normalised rows of x (B, D); lowest when the rows spread
+    evenly over the sphere. The diagonal leaves by a -inf mask (static shapes, no host sync)."""
+    x = F.normalize(x.float(), dim=1)
+    potential = -t * (2 - 2 * (x @ x.T)).clamp(min=0)
+    eye = torch.eye(len(x), dtype=torch.bool, device=x.device)
+    pairs = len(x) * (len(x) - 1)
+    return torch.logsumexp(potential.masked_fill(eye, float("-inf")).flatten(), 0) - math.log(pairs)
 
 
 class KeyBank(MemoryBankModule):
@@ -121,6 +134,11 @@ class MoCoV2Config(ViewsConfig):
                                         "vectors, as the MoCo reference and lightly) or empty (negatives "
                                         "only from keys written so far): issue 38, docs/pretraining.md",
                               choices=("random", "empty"))
+    feature_uniformity: float = setting(0.0, "weight of the uniformity loss (Wang & Isola 2020) on the "
+                                             "backbone's l2-normalised features, added to InfoNCE: an "
+                                             "experiment of issue 38 against the features' shared "
+                                             "direction, docs/pretraining.md; 0: MoCo-v2",
+                                        within="[0, inf)")
     keep: str = setting("query", "the encoder the checkpoint keeps: query (the MoCo reference) or key (its "
                                  "momentum average, as BYOL's and DINO's target): docs/pretraining.md",
                         choices=("query", "key"))
@@ -156,10 +174,14 @@ class MoCoV2(Method):
         self.bank = KeyBank(size=bank, gather_distributed=True, empty=cfg.bank_start == "empty")
 
     def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        q = self.head(self.backbone(views[0]))
+        h = self.backbone(views[0])
+        q = self.head(h)
         with torch.no_grad():
             k = self._keys(views[1])
-        return self.loss(q, k), {"z_std": feature_std(q)}
+        loss = self.loss(q, k)
+        if self.cfg.feature_uniformity:
+            loss = loss + self.cfg.feature_uniformity * uniformity(h)
+        return loss, {"z_std": feature_std(q)}
 
     def loss(self, q: Tensor, k: Tensor) -> Tensor:
         """InfoNCE against the bank as it was; then, when q requires grad (training, as lightly), the

@@ -128,17 +128,19 @@ def test_pretraining_augmentation_has_a_sync_free_form_equal_to_the_host_form(mo
     assert torch.equal(out[True], out[False])
 
 
-@pytest.mark.parametrize("name", [*sorted(_pretrain_methods()), "mocov2+empty"])
+_MOCO_VARIANTS = {"empty": {"bank_start": "empty"}, "uniformity": {"feature_uniformity": 0.5}}
+
+
+@pytest.mark.parametrize("name", [*sorted(_pretrain_methods()), "mocov2+empty", "mocov2+uniformity"])
 def test_a_pretraining_step_reads_nothing_back(sync_free, name):
-    """Every method's step (MoCo-v2's bank update included: lightly reads its position back every step; and
-    the mask of a bank that started empty)."""
+    """Every method's step (MoCo-v2's bank update included: lightly reads its position back every step; the
+    mask of a bank that started empty; the uniformity term's masked diagonal)."""
     from fractals.stream import augment_views
     from pretrain.methods import METHODS
     from pretrain.recipe import PretrainConfig
     from pretrain.train import build_method, make_optimizer
-    name, _, empty = name.partition("+")
-    cfg = PretrainConfig(method=name, width=0.25, batch_size=16,
-                         method_args={"bank_start": "empty"} if empty else {})
+    name, _, variant = name.partition("+")
+    cfg = PretrainConfig(method=name, width=0.25, batch_size=16, method_args=_MOCO_VARIANTS.get(variant, {}))
     n_classes = 5 if METHODS[name].labels else None
     method = build_method(cfg, n_classes, torch.device("cpu")).train()
     optimizer, _ = make_optimizer(method, cfg)

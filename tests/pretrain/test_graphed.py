@@ -36,10 +36,13 @@ def _renders(device: torch.device, epochs: int = 2) -> list[list[torch.Tensor]]:
              for b in SIZES] for _ in range(epochs)]
 
 
+_VARIANTS = {"empty": {"bank_start": "empty"}, "uniformity": {"feature_uniformity": 0.5}}
+
+
 def _train(method_name: str, device: torch.device, make) -> tuple[list[float], dict, Step]:
     """Two epochs from seed 0; returns the epochs' summed losses, the final state and the step."""
-    method_name, _, empty = method_name.partition("+")  # "mocov2+empty": its bank starts empty
-    args = {**HEADS[method_name], **({"bank_start": "empty"} if empty else {})}
+    method_name, _, variant = method_name.partition("+")  # "mocov2+empty": its bank starts empty
+    args = {**HEADS[method_name], **_VARIANTS.get(variant, {})}
     cfg = PretrainConfig(method=method_name, width=0.25, size=16, batch_size=8, epochs=2, method_args=args)
     torch.manual_seed(0)
     method = build_method(cfg, None, device).train()
@@ -65,7 +68,7 @@ def _pinned(method, optimizer):
     return GraphedStep(method, method, optimizer, capture=PinnedCapture())
 
 
-@pytest.mark.parametrize("method", ["simsiam", "mocov2", "mocov2+empty"])
+@pytest.mark.parametrize("method", ["simsiam", "mocov2", "mocov2+empty", "mocov2+uniformity"])
 def test_a_captured_step_trains_as_the_eager_step(one_thread, method):
     """Weights, BatchNorm statistics, MoCo's key encoder, bank and its position (which wraps mid-batch once
     the short batches have shifted it), and the epochs' losses: all equal. The eager step augments in the

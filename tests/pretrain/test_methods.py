@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from pretrain.backbones import create_backbone
 from pretrain.methods import METHODS, ViewsConfig, feature_std, simsiam_loss
-from pretrain.methods.mocov2 import MoCoV2, MoCoV2Config, info_nce
+from pretrain.methods.mocov2 import MoCoV2, MoCoV2Config, info_nce, uniformity
 from pretrain.methods.simsiam import SimSiam, SimSiamConfig
 
 N_CLASSES = 5
@@ -172,6 +172,33 @@ def test_moco_head_bn_centres_a_shared_offset_and_is_off_by_default():
         torch.nn.BatchNorm1d]
     f = 10 + 0.1 * torch.randn(64, plain.backbone.feature_dim)  # one direction plus a little spread
     assert feature_std(with_bn.head(f)).item() > 5 * feature_std(plain.head(f)).item()
+
+
+def test_uniformity_equals_the_pairwise_mean_and_is_zero_for_one_direction():
+    """Wang & Isola's uniformity (eq. 5) against a loop over the ordered pairs; rows sharing one direction
+    (any lengths) give log 1 = 0, its maximum; opposite unit rows give log exp(-2 * 4) = -8."""
+    x = torch.randn(9, 5, generator=torch.Generator().manual_seed(0))
+    u = F.normalize(x, dim=1)
+    pairs = [math.exp(-2 * float((u[i] - u[j]).pow(2).sum())) for i in range(9) for j in range(9) if i != j]
+    assert uniformity(x).item() == pytest.approx(math.log(sum(pairs) / len(pairs)), rel=1e-5)
+    assert uniformity(torch.rand(6, 1).add(0.1) * torch.ones(6, 4)).item() == pytest.approx(0.0, abs=1e-5)
+    assert uniformity(torch.tensor([[1.0, 0.0], [-3.0, 0.0]])).item() == pytest.approx(-8.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.5])
+def test_moco_feature_uniformity_adds_its_weighted_term_and_is_off_by_default(weight):
+    """feature_uniformity (issue 38): the loss is InfoNCE plus the weight times the uniformity of the
+    backbone's features of the first view; 0, the default, is MoCo-v2's loss bit for bit."""
+    assert MoCoV2Config().feature_uniformity == 0.0
+    torch.manual_seed(0)
+    method = MoCoV2(_tiny_backbone(), MoCoV2Config(hidden_dim=8, bank_size=16, feature_uniformity=weight))
+    views = torch.randn(2, 4, 3, 32, 32)
+    bank = method.extra_state()
+    loss, _ = method(views)
+    method.load_extra_state(bank)  # the bank as the forward read it
+    h = method.backbone(views[0])
+    expected = method.loss(method.head(h), method._keys(views[1])) + weight * uniformity(h)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_feature_std_signals_collapse():
