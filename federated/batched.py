@@ -54,11 +54,20 @@ class StackedOptimizer:
     ``torch.optim`` instances (single-tensor formulas); ``step(rows)`` moves the clients of ``rows`` only."""
 
     def __init__(self, params: State, name: str, lr: float, momentum: float, weight_decay: float):
-        self.name, self.lr, self.momentum, self.wd = name, lr, momentum, weight_decay
+        self.name, self.momentum, self.wd = name, momentum, weight_decay
+        first = next(iter(params.values()))
+        # a tensor on the device, not a float: a captured graph reused in a later round (Graphs) reads the
+        # round's rate from it, where a float would be baked into the kernels at the capture
+        self.lr = torch.tensor(lr, dtype=torch.float64, device=first.device)
         self.buf = {k: torch.zeros_like(v) for k, v in params.items()}
         self.sq = {k: torch.zeros_like(v) for k, v in params.items()} if name == "adam" else {}
-        first = next(iter(params.values()))
         self.count = torch.zeros(first.shape[0], dtype=torch.float64, device=first.device)  # steps per client
+
+    def restart(self, lr: float) -> None:
+        """A fresh optimiser at ``lr`` in the same tensors (the next round's clients, Graphs)."""
+        self.lr.fill_(lr)
+        for tensor in _leaves((self.buf, self.sq, self.count)):
+            tensor.zero_()
 
     def step(self, params: State, grads: State, rows: Tensor | None, mask: Tensor | None = None) -> None:
         """``grads`` are those of ``rows`` (all clients when None), already corrected by the algorithm.
@@ -81,8 +90,8 @@ class StackedOptimizer:
             _put(params[key], new, rows, mask)
 
     def state(self) -> tuple:
-        """Every tensor of the optimiser's state (a captured graph updates them in place)."""
-        return self.buf, self.sq, self.count
+        """Every tensor of the optimiser's state (a captured graph updates them in place; it reads lr)."""
+        return self.buf, self.sq, self.count, self.lr
 
     def _adam(self, key: str, p: Tensor, g: Tensor, rows: Tensor | None, mask: Tensor | None) -> Tensor:
         beta1, beta2, eps = 0.9, 0.999, 1e-8  # torch.optim.Adam's defaults
@@ -131,11 +140,12 @@ def _select(tree: dict, rows: Tensor | None) -> dict:
 
 def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: Task, x: Tensor, y: Tensor,
                   optimizer: str, lr: float, momentum: float, weight_decay: float,
-                  capture: Capture | None = None) -> list[State]:
+                  capture: Capture | None = None, graphs: dict | None = None) -> list[State]:
     """Train ``jobs`` together from their start states; returns each client's final state, in order, and
     leaves each job's per-step losses and ``ctx.steps`` as the sequential loop would. With ``capture``
     (``federate --cuda-graph``) the steps at which every client still training has a full batch run in
-    lock-step as one captured graph (:class:`LockStep`); the others run eagerly."""
+    lock-step as one captured graph (:class:`LockStep`); the others run eagerly. ``graphs``, a dict kept
+    for the run, keeps that graph for every later call of the same shapes (:func:`_kept_lockstep`)."""
     params, buffers = _stack(model, [job.start for job in jobs])
     fm = FunctionalModel(model.train(), task)
     device = next(model.parameters()).device
@@ -145,8 +155,15 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
     step = _vmapped_step(fm, algo)
     plan = _step_groups(jobs)
     locked = _lockstep_plan(jobs, plan) if capture is not None else [False] * len(plan)
-    lock = LockStep(partial(_masked_step, step, algo, params, buffers, opt, clients, shared), capture,
-                    (params, buffers, opt.state(), clients, shared)) if any(locked) else None
+    lock = None
+    if any(locked):
+        def make(params, buffers, clients, shared, opt):
+            return LockStep(partial(_masked_step, step, algo, params, buffers, opt, clients, shared), capture,
+                            (params, buffers, opt.state(), clients, shared))
+        key = (_skeleton((params, buffers, clients, shared)), optimizer, momentum, weight_decay,
+               max(len(batch) for job in jobs for batch in job.batches))
+        (params, buffers, clients, shared, opt), lock = _kept_lockstep(
+            graphs, key, (params, buffers, clients, shared, opt), lr, make)
     # every step's input images and labels in the order the loop below uses them (streamed datasets:
     # decoded ahead), and the rows of every partial group and the masks of every lock-step: moved to the
     # device once, not step by step
@@ -179,8 +196,41 @@ def train_batched(model: nn.Module, algo: FedAvg, jobs: list[ClientJob], task: T
         if check_every and (t + 1) % check_every == 0:
             _check_finite(jobs)
     _check_finite(jobs)
-    return [{**{n: v[k] for n, v in params.items()}, **{n: v[k] for n, v in buffers.items()}}
+    # copies: a kept lock-step's tensors take the next call's clients
+    return [{**{n: v[k].clone() for n, v in params.items()}, **{n: v[k].clone() for n, v in buffers.items()}}
             for k in range(len(jobs))]
+
+
+def _kept_lockstep(graphs: dict | None, key: tuple, fresh: tuple, lr: float,
+                   make: Callable[..., LockStep]) -> tuple[tuple, LockStep]:
+    """The lock-step of ``fresh`` = (params, buffers, clients, shared, optimiser) and the tensors to train
+    in. A new one (``make(*fresh)``, kept in ``graphs`` under ``key``), or the one an earlier call kept
+    under ``key``: its tensors, whose storage its graph was captured with, take ``fresh``'s values in place
+    and its optimiser restarts at ``lr``, so a later round replays the first round's graph, with neither
+    its eager warm-up step nor a new capture (a captured step's constants: the shapes, dtypes and any
+    non-tensor hook value, the optimiser's settings, the batch size, all in ``key``)."""
+    if graphs is None or key not in graphs:
+        lock = make(*fresh)
+        if graphs is not None:
+            graphs[key] = (fresh, lock)
+        return fresh, lock
+    kept, lock = graphs[key]
+    for mine, new in zip(_leaves(kept[:4]), _leaves(fresh[:4]), strict=True):
+        mine.copy_(new)
+    kept[4].restart(lr)
+    return kept, lock
+
+
+def _skeleton(tree) -> tuple:
+    """The structure of nested dicts, lists and tuples, with each tensor's shape, dtype and device and any
+    other leaf's value: trees of one skeleton can take each other's values in place, leaf by leaf."""
+    if isinstance(tree, Tensor):
+        return ("tensor", tuple(tree.shape), tree.dtype, str(tree.device))
+    if isinstance(tree, dict):
+        return ("dict", *((key, _skeleton(value)) for key, value in tree.items()))
+    if isinstance(tree, (list, tuple)):
+        return ("seq", *(_skeleton(value) for value in tree))
+    return ("value", repr(tree))
 
 
 def _eager_step(step, algo: FedAvg, fm: FunctionalModel, params: State, buffers: State,

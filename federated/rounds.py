@@ -249,7 +249,7 @@ def _train_jobs(s: Setup, cfg: FederateConfig, jobs: list[ClientJob], k: int,
         else:
             with precision(s):
                 states += train_batched(local, s.algo, chunk, s.task, x, y, cfg.resolved_optimizer(),
-                                        chunk[0].ctx.lr, cfg.momentum, cfg.weight_decay, s.capture)
+                                        chunk[0].ctx.lr, cfg.momentum, cfg.weight_decay, s.capture, s.graphs)
             losses += [float(torch.stack(job.losses).float().mean()) if job.losses else 0.0 for job in chunk]
         if bar is not None:
             bar.set_postfix_str(f"client {min(first + k, len(jobs))}/{len(jobs)}")

@@ -5,7 +5,7 @@ unless given), the partition over clients and its report, the task, the initiali
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ class Setup:
     amp: bool = False  # --amp: bf16 autocast of local training and evaluation (federated.rounds.precision)
     compile: bool = False  # --compile: the one-client step compiled (federated.rounds.local_model)
     capture: Callable | None = None  # --cuda-graph: how vectorised lock-steps are captured (batched.LockStep)
+    graphs: dict = field(default_factory=dict)  # --cuda-graph: the captured lock-steps, kept across rounds
 
 
 def setup(cfg: FederateConfig, device: torch.device, data: ImageData | None = None,

@@ -96,10 +96,32 @@ def test_a_lockstep_round_equals_the_sequential_round(tmp_path, algo, one_thread
     assert (False in full) == (algo != "fedvc")
 
 
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_a_later_round_replays_the_first_rounds_graph(tmp_path, algo, one_thread):
+    """The lock-step graph is captured once in a run (Setup.graphs): the next round's clients, hook tensors
+    and fresh optimiser take its tensors' values in place, so the replays compute the sequential rounds, in
+    float64 to 1e-10, at each round's own learning rate (x0.1 every round here, which a rate baked into the
+    captured kernels would miss), with no tensor moved (the stand-in checks every replay)."""
+    cfg = _cfg(algo, clients=4, batch_size=4, local_epochs=1, alpha=0.5, lr_decay=0.1, lr_decay_every=1)
+    seq, seq_rows = _round(tmp_path, cfg, 1, "seq64", rounds=2, dtype=torch.float64)
+    captured = []
+
+    class Counting(PinnedCapture):
+        def __call__(self, fn):
+            captured.append(fn)
+            return super().__call__(fn)
+
+    locked, rows = _round(tmp_path, cfg, 4, "lock64", rounds=2, dtype=torch.float64, capture=Counting())
+    _close(seq, locked, rel=1e-10)
+    assert [row["lr"] for row in rows] == [row["lr"] for row in seq_rows] == pytest.approx([0.05, 0.005])
+    assert len(captured) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", ["fedavg", "scaffold"])
 def test_a_cuda_graph_round_equals_the_eager_vectorised_round(tmp_path, algo):
-    """On a GPU, real captures against the eager vectorised engine, two rounds (a capture each): float32
+    """On a GPU, real captures against the eager vectorised engine, two rounds (the second replays the
+    first's graph with the next clients' values in its tensors): float32
     kernels in another order (cuDNN may choose other algorithms), so 1e-4 relative L2 as on the CPU."""
     from fpsfl.base.graphs import cuda_capture
     cuda = torch.device("cuda")
