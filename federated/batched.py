@@ -56,15 +56,15 @@ class StackedOptimizer:
     def __init__(self, params: State, name: str, lr: float, momentum: float, weight_decay: float):
         self.name, self.momentum, self.wd = name, momentum, weight_decay
         first = next(iter(params.values()))
-        # a tensor on the device, not a float: a captured graph reused in a later round (Graphs) reads the
-        # round's rate from it, where a float would be baked into the kernels at the capture
+        # a tensor on the device, not a float: a captured graph replayed in a later round (_kept_lockstep)
+        # reads that round's rate from it, where a float would be baked into the kernels at the capture
         self.lr = torch.tensor(lr, dtype=torch.float64, device=first.device)
         self.buf = {k: torch.zeros_like(v) for k, v in params.items()}
         self.sq = {k: torch.zeros_like(v) for k, v in params.items()} if name == "adam" else {}
         self.count = torch.zeros(first.shape[0], dtype=torch.float64, device=first.device)  # steps per client
 
     def restart(self, lr: float) -> None:
-        """A fresh optimiser at ``lr`` in the same tensors (the next round's clients, Graphs)."""
+        """A fresh optimiser at ``lr`` in the same tensors (the next round's clients, _kept_lockstep)."""
         self.lr.fill_(lr)
         for tensor in _leaves((self.buf, self.sq, self.count)):
             tensor.zero_()
