@@ -15,6 +15,7 @@ from federated.seeding import client_generators
 from federated.setup import setup
 from fpsfl.base.syncs import SyncCounter
 from tests.federated.test_algorithms import _cfg, synthetic
+from tests.pretrain.test_graphed import MOCO_VARIANTS
 
 X = torch.arange(6.0) - 2.5
 COUNTS = torch.tensor([1, 0, 2, 1, 1, 1])
@@ -128,9 +129,6 @@ def test_pretraining_augmentation_has_a_sync_free_form_equal_to_the_host_form(mo
     assert torch.equal(out[True], out[False])
 
 
-_MOCO_VARIANTS = {"empty": {"bank_start": "empty"}, "uniformity": {"feature_uniformity": 0.5}}
-
-
 @pytest.mark.parametrize("name", [*sorted(_pretrain_methods()), "mocov2+empty", "mocov2+uniformity"])
 def test_a_pretraining_step_reads_nothing_back(sync_free, name):
     """Every method's step (MoCo-v2's bank update included: lightly reads its position back every step; the
@@ -140,7 +138,7 @@ def test_a_pretraining_step_reads_nothing_back(sync_free, name):
     from pretrain.recipe import PretrainConfig
     from pretrain.train import build_method, make_optimizer
     name, _, variant = name.partition("+")
-    cfg = PretrainConfig(method=name, width=0.25, batch_size=16, method_args=_MOCO_VARIANTS.get(variant, {}))
+    cfg = PretrainConfig(method=name, width=0.25, batch_size=16, method_args=MOCO_VARIANTS.get(variant, {}))
     n_classes = 5 if METHODS[name].labels else None
     method = build_method(cfg, n_classes, torch.device("cpu")).train()
     optimizer, _ = make_optimizer(method, cfg)

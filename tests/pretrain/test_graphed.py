@@ -36,13 +36,14 @@ def _renders(device: torch.device, epochs: int = 2) -> list[list[torch.Tensor]]:
              for b in SIZES] for _ in range(epochs)]
 
 
-_VARIANTS = {"empty": {"bank_start": "empty"}, "uniformity": {"feature_uniformity": 0.5}}
+# MoCo-v2 settings that change its step ("mocov2+empty"): an empty bank's mask, the uniformity term
+MOCO_VARIANTS = {"empty": {"bank_start": "empty"}, "uniformity": {"feature_uniformity": 0.5}}
 
 
 def _train(method_name: str, device: torch.device, make) -> tuple[list[float], dict, Step]:
     """Two epochs from seed 0; returns the epochs' summed losses, the final state and the step."""
-    method_name, _, variant = method_name.partition("+")  # "mocov2+empty": its bank starts empty
-    args = {**HEADS[method_name], **_VARIANTS.get(variant, {})}
+    method_name, _, variant = method_name.partition("+")
+    args = {**HEADS[method_name], **MOCO_VARIANTS.get(variant, {})}
     cfg = PretrainConfig(method=method_name, width=0.25, size=16, batch_size=8, epochs=2, method_args=args)
     torch.manual_seed(0)
     method = build_method(cfg, None, device).train()
