@@ -2,11 +2,12 @@
 
 The query encoder (backbone + 2-layer MLP head, f -> f -> 128 as the official FPS code, f the backbone's
 feature width; ``heads=imagenet``: 2048 wide) embeds view 1; a momentum copy embeds view 2 as the positive
-key. Negatives are the 65,536 most recent keys in a memory bank; the loss is InfoNCE with temperature 0.2.
-As in the MoCo reference the loss is not symmetrised. The heads, the bank's buffers and the momentum update
-come from lightly; the InfoNCE is :func:`info_nce`, equal to lightly's ``NTXentLoss`` with a bank (tested)
-but reading nothing back to the host (issue 40); the checkpoint keeps the query encoder
-(``keep=key``: the momentum encoder).
+key. Negatives are the 65,536 most recent keys in a memory bank; the loss is InfoNCE with temperature 0.2. As
+in the MoCo reference the loss is not symmetrised (``symmetric``: each view is also a query against the
+other's key, as MoCo v3, Chen, Xie & He 2021). The heads, the bank's buffers and the momentum update come from
+lightly; the InfoNCE is :func:`info_nce`, equal to lightly's ``NTXentLoss`` with a bank (tested) but reading
+nothing back to the host (issue 40); the checkpoint keeps the query encoder (``keep=key``: the momentum
+encoder).
 
 Under torchrun (He et al. 2020, §3.3, "Shuffling BN"), as the MoCo reference: the key batch is gathered from
 all processes, permuted by one permutation shared by all, and each process encodes its share, so a key's
@@ -139,6 +140,11 @@ class MoCoV2Config(ViewsConfig):
                                              "experiment of issue 38 against the features' shared "
                                              "direction, docs/pretraining.md; 0: MoCo-v2",
                                         within="[0, inf)")
+    symmetric: bool = setting(False, "each view is also the query of the other's key (MoCo v3's "
+                                     "symmetrised loss; the mean of the two directions, so the lr keeps its "
+                                     "meaning, and both key sets enter the bank): twice the backbone's work "
+                                     "from each pair, an experiment of issue 38, docs/pretraining.md; "
+                                     "false: MoCo-v2")
     keep: str = setting("query", "the encoder the checkpoint keeps: query (the MoCo reference) or key (its "
                                  "momentum average, as BYOL's and DINO's target): docs/pretraining.md",
                         choices=("query", "key"))
@@ -178,7 +184,13 @@ class MoCoV2(Method):
         q = self.head(h)
         with torch.no_grad():
             k = self._keys(views[1])
-        loss = self.loss(q, k)
+        if self.cfg.symmetric:  # view 2 queries view 1's key; both halves see the bank as it was
+            q_back = self.head(self.backbone(views[1]))
+            with torch.no_grad():
+                k_back = self._keys(views[0])
+            loss = self.loss(torch.cat((q, q_back)), torch.cat((k, k_back)))
+        else:
+            loss = self.loss(q, k)
         if self.cfg.feature_uniformity:
             loss = loss + self.cfg.feature_uniformity * uniformity(h)
         return loss, {"z_std": feature_std(q)}

@@ -129,7 +129,7 @@ def test_pretraining_augmentation_has_a_sync_free_form_equal_to_the_host_form(mo
     assert torch.equal(out[True], out[False])
 
 
-@pytest.mark.parametrize("name", [*sorted(_pretrain_methods()), "mocov2+empty", "mocov2+uniformity"])
+@pytest.mark.parametrize("name", [*sorted(_pretrain_methods()), *(f"mocov2+{v}" for v in MOCO_VARIANTS)])
 def test_a_pretraining_step_reads_nothing_back(sync_free, name):
     """Every method's step (MoCo-v2's bank update included: lightly reads its position back every step; the
     mask of a bank that started empty; the uniformity term's masked diagonal)."""

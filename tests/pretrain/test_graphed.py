@@ -36,8 +36,10 @@ def _renders(device: torch.device, epochs: int = 2) -> list[list[torch.Tensor]]:
              for b in SIZES] for _ in range(epochs)]
 
 
-# MoCo-v2 settings that change its step ("mocov2+empty"): an empty bank's mask, the uniformity term
-MOCO_VARIANTS = {"empty": {"bank_start": "empty"}, "uniformity": {"feature_uniformity": 0.5}}
+# MoCo-v2 settings that change its step ("mocov2+empty"): an empty bank's mask, the uniformity term,
+# the symmetric loss's second direction
+MOCO_VARIANTS = {"empty": {"bank_start": "empty"}, "uniformity": {"feature_uniformity": 0.5},
+                 "symmetric": {"symmetric": True}}
 
 
 def _train(method_name: str, device: torch.device, make) -> tuple[list[float], dict, Step]:
@@ -69,7 +71,7 @@ def _pinned(method, optimizer):
     return GraphedStep(method, method, optimizer, capture=PinnedCapture())
 
 
-@pytest.mark.parametrize("method", ["simsiam", "mocov2", "mocov2+empty", "mocov2+uniformity"])
+@pytest.mark.parametrize("method", ["simsiam", "mocov2", *(f"mocov2+{v}" for v in MOCO_VARIANTS)])
 def test_a_captured_step_trains_as_the_eager_step(one_thread, method):
     """Weights, BatchNorm statistics, MoCo's key encoder, bank and its position (which wraps mid-batch once
     the short batches have shifted it), and the epochs' losses: all equal. The eager step augments in the

@@ -201,6 +201,33 @@ def test_moco_feature_uniformity_adds_its_weighted_term_and_is_off_by_default(we
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
+def test_moco_symmetric_loss_is_the_mean_of_both_directions_against_the_same_bank():
+    """symmetric (issue 38; MoCo v3's symmetrised loss): view 1's query against view 2's key and view 2's
+    query against view 1's key, each against the bank as the step found it, averaged; both key sets enter
+    the bank after, view 2's first. Off by default, where the loss is one direction."""
+    assert MoCoV2Config().symmetric is False
+    torch.manual_seed(0)
+    method = MoCoV2(_tiny_backbone(), MoCoV2Config(hidden_dim=8, bank_size=16, symmetric=True))
+    with torch.no_grad():  # a key encoder apart from the query's, so that the two directions differ
+        for p in method.key_head.parameters():
+            p.normal_()
+    views = torch.randn(2, 4, 3, 32, 32)
+    before = method.extra_state()
+    loss, _ = method(views)
+    after = method.extra_state()
+    negatives, t = before["bank"], method.cfg.temperature
+    with torch.no_grad():
+        q1, q2 = (method.head(method.backbone(v)) for v in views)
+        k1, k2 = (method._keys(v) for v in views)
+    one_way = info_nce(q1, k2, negatives, t)
+    expected = (one_way + info_nce(q2, k1, negatives, t)) / 2
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert abs(loss.item() - one_way.item()) > 1e-4  # the second direction counts
+    written = torch.cat((k2, k1))
+    assert torch.allclose(after["bank"][:8], F.normalize(written, dim=1), atol=1e-6)
+    assert int(after["bank_ptr"]) == 8
+
+
 def test_feature_std_signals_collapse():
     assert feature_std(torch.ones(8, 4) * 3).item() == pytest.approx(0.0, abs=1e-7)
     eye = torch.eye(4).repeat(2, 1)  # rows spread over the axes: std of a column of [1,0,0,0]x2
