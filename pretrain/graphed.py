@@ -9,9 +9,11 @@ needs a step that never reads the device from the host (issue 40's sync-free ste
 it reads or writes at a fixed address: the batch (uint8 renders) and its augmentation draws (made eagerly:
 torch.compile and graphs take no explicit generator) are copied into static buffers, the gradients stay where
 the capture put them, the sums are updated in place, and the key bank writes at a position held on the
-device (:class:`pretrain.methods.mocov2.KeyBank`). The learning rate is a number inside the graph, so the
-graph is captured again whenever it changes (once an epoch; every step of a ``warmup_epochs`` warm-up); a
-batch of another shape (an epoch's short last batch) runs eagerly. Results equal the eager step's up to float
+device (:class:`pretrain.methods.mocov2.KeyBank`). The captured SGD (:func:`sgd_update`) reads each
+group's learning rate from a device tensor that the step refreshes before a replay, so one graph serves
+every rate (the cosine's epochs, every step of a ``warmup_epochs`` warm-up): torch's SGD would read a tensor
+rate back to the host, and a number would be baked into the graph. A batch of another shape (an epoch's short
+last batch) runs eagerly. Results equal the eager step's up to float
 rounding (tests run the same code with a stand-in for the capture on the CPU; the GPU check compares the two
 on a device).
 """
@@ -39,10 +41,28 @@ from fractals.stream import apply_views
 WARM_STEPS = 3  # eager steps before the first capture: optimiser state, cuDNN/cuBLAS handles, compilation
 
 
+@torch.no_grad()
+def sgd_update(params: list[Tensor], grads: list[Tensor], buffers: list[Tensor | None], lr: Tensor, *,
+               weight_decay: float, momentum: float, dampening: float, nesterov: bool) -> None:
+    """One step of ``torch.optim.SGD`` (its single-tensor form, ``maximize`` off, every momentum buffer made
+    by an earlier step) with the rate a 0-dim tensor ``lr`` on the parameters' device: the same kernels with
+    the same arguments but the rate's, which ``addcmul_`` takes from a tensor and rounds as ``add_``'s alpha
+    (tested), so a captured graph can be replayed under a new rate without a host sync."""
+    for param, grad, buf in zip(params, grads, buffers, strict=True):
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        if momentum != 0:
+            buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+            grad = grad.add(buf, alpha=momentum) if nesterov else buf
+        param.addcmul_(grad, lr, value=-1)
+
+
 class Step:
     """The eager step: ``step(images, draws, labels)`` makes the views of one batch of uint8 renders from
     their draws (:func:`fractals.stream.draw_views`) and trains on them; ``loss_sum``/``stat_sums`` are the
     epoch's sums (device tensors, read once an epoch or every few steps by the caller)."""
+
+    drop_grads = True  # zero_grad's set_to_none: torch's default for an eager step
 
     def __init__(self, method: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  autocast=None, applier=None):
@@ -63,18 +83,19 @@ class Step:
         views = self._views(images, draws)
         if lap is not None:
             lap("augment")
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=self.drop_grads)
         self._train(views, labels)
 
     def _views(self, images: Tensor, draws: list[Draws]) -> Tensor:
         dtype = next(self.method.parameters()).dtype  # float32 (float64 under the test hook)
         return self.applier(images, draws, self.method.augment).to(dtype)
 
-    def _train(self, views: Tensor, labels: Tensor | None) -> None:
+    def _train(self, views: Tensor, labels: Tensor | None,
+               update: Callable[[], object] | None = None) -> None:
         with self.autocast:
             loss, stats = self.model(views, labels)
         loss.backward()  # DDP averages the gradients over processes: the global batch's gradient
-        self.optimizer.step()
+        (update or self.optimizer.step)()
         self.method.after_step()
         self._add(loss.detach().float(), {k: v.float() for k, v in stats.items()})
 
@@ -89,7 +110,7 @@ class Step:
 
 
 class GraphedStep(Step):
-    """The step captured once (per learning rate) and replayed for every batch of the captured shape.
+    """The step captured once and replayed for every batch of the captured shape, at any learning rate.
 
     ``capture(fn)`` records ``fn`` without running it and returns the replay (:func:`cuda_capture` on a
     GPU; on the CPU, tests pass :class:`~fpsfl.base.graphs.PinnedCapture`, which replays by calling
@@ -97,12 +118,17 @@ class GraphedStep(Step):
     that form compiled, under ``--compile``). The first :data:`WARM_STEPS` batches of the run train
     eagerly (on a side stream on CUDA, as capture requires) with the same form, so that nothing (cuDNN
     handles, the optimiser's state, the augmentation's device constants, compiled graphs) is created
-    while capturing."""
+    while capturing. A batch of another shape trains eagerly in the graph's own gradients, zeroed in place
+    (``drop_grads`` off), so the graph stays valid across an epoch's short last batch."""
+
+    drop_grads = False
 
     def __init__(self, method, model, optimizer, capture: Capture, autocast=None, applier=None,
                  warm_steps: int = WARM_STEPS, side_stream: Callable[[], object] | None = None):
         if warm_steps < 1:  # the sums must exist before the capture, or the graph would zero them each replay
             raise ValueError("a captured step needs at least one eager warm-up step")
+        if type(optimizer) is not torch.optim.SGD:  # the captured update is SGD's (sgd_update)
+            raise TypeError(f"a captured step trains with torch.optim.SGD, not {type(optimizer).__name__}")
         super().__init__(method, model, optimizer, autocast, applier or partial(apply_views, sync_free=True))
         self.capture, self.warm_left = capture, warm_steps
         self.side_stream = side_stream or nullcontext
@@ -110,7 +136,8 @@ class GraphedStep(Step):
         self.draws: list[Draws] | None = None
         self.labels: Tensor | None = None
         self.replay: Callable[[], None] | None = None
-        self.captured_lrs: tuple = ()
+        self.lrs: list[Tensor] = []  # each group's rate on the device, read by the graph
+        self.set_lrs: tuple = ()  # the rates they hold
         self.captures = 0
 
     def tensors(self) -> list[Tensor]:
@@ -119,15 +146,32 @@ class GraphedStep(Step):
         found = [*self.method.parameters(), *self.method.buffers(), self.loss_sum, *self.stat_sums.values()]
         found += [p.grad for p in self.method.parameters()]
         found += [t for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+        found += self.lrs
         found += [self.images, *(t for d in self.draws or () for t in d), self.labels]
         return [t for t in found if t is not None]
 
-    def invalidate(self) -> None:
-        """Forget the graph: the next batch of the static shape captures a new one."""
-        self.replay = None
+    def _refresh_lrs(self) -> None:
+        """The groups' rates into the device tensors the graph reads (made once, written in place: a kernel
+        launch each, no sync), when they changed."""
+        now = tuple(g["lr"] for g in self.optimizer.param_groups)
+        if not self.lrs:
+            params = [g["params"][0] for g in self.optimizer.param_groups]
+            self.lrs = [torch.zeros((), dtype=p.dtype, device=p.device) for p in params]
+        if now != self.set_lrs:
+            for tensor, lr in zip(self.lrs, now, strict=True):
+                tensor.fill_(lr)
+            self.set_lrs = now
 
-    def _lrs(self) -> tuple:
-        return tuple(g["lr"] for g in self.optimizer.param_groups)
+    def _sgd(self) -> None:
+        """The optimiser's step as :func:`sgd_update` over each group's parameters that have a gradient (as
+        torch's SGD skips the others), with the group's device rate."""
+        for group, lr in zip(self.optimizer.param_groups, self.lrs, strict=True):
+            if group["maximize"]:
+                raise ValueError("a captured step does not maximise")
+            params = [p for p in group["params"] if p.grad is not None]
+            buffers = [self.optimizer.state[p].get("momentum_buffer") for p in params]
+            sgd_update(params, [p.grad for p in params], buffers, lr, weight_decay=group["weight_decay"],
+                       momentum=group["momentum"], dampening=group["dampening"], nesterov=group["nesterov"])
 
     def __call__(self, images: Tensor, draws: list[Draws], labels: Tensor | None, lap=None) -> None:
         if self.images is None:
@@ -136,8 +180,7 @@ class GraphedStep(Step):
             self.labels = None if labels is None else torch.empty_like(labels)
         if images.shape != self.images.shape or (labels is None) != (self.labels is None) or (
                 labels is not None and labels.shape != self.labels.shape):
-            self.invalidate()  # the eager step below rebinds the gradients the graph wrote
-            super().__call__(images, draws, labels, lap)
+            super().__call__(images, draws, labels, lap)  # eager, in the graph's gradients (drop_grads)
             return
         self.images.copy_(images)
         for static, d in zip(self.draws, draws, strict=True):
@@ -150,10 +193,8 @@ class GraphedStep(Step):
             with self.side_stream():
                 super().__call__(self.images, self.draws, self.labels)
             return
-        if self.replay is not None and self._lrs() != self.captured_lrs:
-            self.invalidate()  # the lr is a number inside the graph (it changes once an epoch, or a step)
+        self._refresh_lrs()
         if self.replay is None:
-            self.captured_lrs = self._lrs()
             self.replay = self.capture(self._captured)
             self.captures += 1
         self.replay()
@@ -163,7 +204,7 @@ class GraphedStep(Step):
         # the warm-up made the gradients; zeroing them in place keeps their addresses, where setting them
         # to None would make the graph's backward allocate new ones that the eager code never sees
         self.optimizer.zero_grad(set_to_none=False)
-        self._train(views, self.labels)
+        self._train(views, self.labels, update=self._sgd)
 
 
 def make_step(method, model, optimizer, device: torch.device, amp: bool, graph: bool, applier=None) -> Step:

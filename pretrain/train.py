@@ -155,7 +155,7 @@ def run_epoch(method: Method, source, optimizer, cfg: PretrainConfig, epoch: int
     clock = _Clock(device, opts.profile)
     warm, epoch_lrs = method.cfg.warmup_epochs, [g["lr"] for g in optimizer.param_groups]
     for batch in source.batches(epoch):
-        if epoch < warm:  # set every step (a captured graph is captured again at each new rate)
+        if epoch < warm:  # set every step (a captured graph reads the rate from the device: one capture)
             warm_lr(optimizer, epoch_lrs, warmup(epoch + (steps + 1) / len(source), warm))
         images = batch["images"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True) if "labels" in batch else None
