@@ -43,11 +43,24 @@ WARM_STEPS = 3  # eager steps before the first capture: optimiser state, cuDNN/c
 
 @torch.no_grad()
 def sgd_update(params: list[Tensor], grads: list[Tensor], buffers: list[Tensor | None], lr: Tensor, *,
-               weight_decay: float, momentum: float, dampening: float, nesterov: bool) -> None:
-    """One step of ``torch.optim.SGD`` (its single-tensor form, ``maximize`` off, every momentum buffer made
-    by an earlier step) with the rate a 0-dim tensor ``lr`` on the parameters' device: the same kernels with
-    the same arguments but the rate's, which ``addcmul_`` takes from a tensor and rounds as ``add_``'s alpha
-    (tested), so a captured graph can be replayed under a new rate without a host sync."""
+               weight_decay: float, momentum: float, dampening: float, nesterov: bool,
+               foreach: bool = False) -> None:
+    """One step of ``torch.optim.SGD`` (``maximize`` off, every momentum buffer made by an earlier step)
+    with the rate a 0-dim tensor ``lr`` on the parameters' device, so that a captured graph can be replayed
+    under a new rate without a host sync. The loop is torch's single-tensor form, its kernels and arguments
+    but the rate's, which ``addcmul_`` takes from a tensor and rounds as ``add_``'s alpha: equal bit for bit
+    (tested). ``foreach`` (a GPU's: a few kernels over all the tensors, where the loop launches several per
+    parameter) is torch's multi-tensor form with the product by the rate made separately, so it may differ
+    from torch's in the last bit."""
+    if foreach:
+        if weight_decay != 0:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+        if momentum != 0:
+            torch._foreach_mul_(buffers, momentum)
+            torch._foreach_add_(buffers, grads, alpha=1 - dampening)
+            grads = torch._foreach_add(grads, buffers, alpha=momentum) if nesterov else buffers
+        torch._foreach_add_(params, torch._foreach_mul(grads, lr), alpha=-1)
+        return
     for param, grad, buf in zip(params, grads, buffers, strict=True):
         if weight_decay != 0:
             grad = grad.add(param, alpha=weight_decay)
@@ -164,14 +177,15 @@ class GraphedStep(Step):
 
     def _sgd(self) -> None:
         """The optimiser's step as :func:`sgd_update` over each group's parameters that have a gradient (as
-        torch's SGD skips the others), with the group's device rate."""
+        torch's SGD skips the others), with the group's device rate; multi-tensor on a GPU, as torch's."""
         for group, lr in zip(self.optimizer.param_groups, self.lrs, strict=True):
             if group["maximize"]:
                 raise ValueError("a captured step does not maximise")
             params = [p for p in group["params"] if p.grad is not None]
             buffers = [self.optimizer.state[p].get("momentum_buffer") for p in params]
             sgd_update(params, [p.grad for p in params], buffers, lr, weight_decay=group["weight_decay"],
-                       momentum=group["momentum"], dampening=group["dampening"], nesterov=group["nesterov"])
+                       momentum=group["momentum"], dampening=group["dampening"], nesterov=group["nesterov"],
+                       foreach=lr.is_cuda)
 
     def __call__(self, images: Tensor, draws: list[Draws], labels: Tensor | None, lap=None) -> None:
         if self.images is None:
