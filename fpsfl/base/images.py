@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .backgrounds import BackgroundDraws, background, composite, draw_background, none_drawn
 from .colour import (  # noqa: F401 (the colour ops are part of this module's interface)
     LUMA,
     _brightness_,
@@ -63,11 +64,14 @@ class AugmentConfig:
     blur_sigma: tuple[float, float] = (0.1, 2.0)  # px of the output at any size, uniform (MoCo-v2)
     blur_kernel: int | None = None  # px, odd; None: nearest 10% of the side, >= 5 (blur_kernel_size)
     flip_p: float = 0.5  # probability of a horizontal flip
+    # probability that a view's black canvas gets a random 1/f noise background (fpsfl.base.backgrounds;
+    # 0: MoCo-v2's views, none drawn)
+    background_p: float = 0.0
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
 
     def __post_init__(self) -> None:
-        probs = (self.jitter_p, self.grayscale_p, self.blur_p, self.flip_p)
+        probs = (self.jitter_p, self.grayscale_p, self.blur_p, self.flip_p, self.background_p)
         checks = {
             "crop_scale must satisfy 0 < lo <= hi <= 1": 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1,
             "crop_ratio must satisfy 0 < lo <= hi": 0 < self.crop_ratio[0] <= self.crop_ratio[1],
@@ -218,6 +222,9 @@ class Draws(NamedTuple):
     gray: Tensor  # (B,) bool
     blur: Tensor  # (B,) bool
     sigma: Tensor  # (B,) blur sigma px
+    bg_on: Tensor  # (B,) bool, the views with a background; the three bg_ fields are empty without
+    bg_noise: Tensor  # (B, 4, H, W) the backgrounds' white noise (fpsfl.base.backgrounds.BackgroundDraws)
+    bg_u: Tensor  # (B, 7) the backgrounds' uniforms
 
 
 def draw(cfg: AugmentConfig, n: int, h: int, w: int, generator: torch.Generator, device: torch.device | str,
@@ -232,7 +239,10 @@ def draw(cfg: AugmentConfig, n: int, h: int, w: int, generator: torch.Generator,
     gray = (_rand(n, generator, device) < cfg.grayscale_p)[rows]
     blur = (_rand(n, generator, device) < cfg.blur_p)[rows]
     sigma = cfg.blur_sigma[0] + (cfg.blur_sigma[1] - cfg.blur_sigma[0]) * _rand(n, generator, device)[rows]
-    return Draws(boxes, flip, jitter_on, jitter_u, order, gray, blur, sigma)
+    # last, and only when asked for: a stream without backgrounds draws what it always drew
+    bg = draw_background(cfg.background_p, n, h, w, generator, device, rows) if cfg.background_p > 0 \
+        else none_drawn(device)
+    return Draws(boxes, flip, jitter_on, jitter_u, order, gray, blur, sigma, *bg)
 
 
 def _random_jitter_(x: Tensor, cfg: AugmentConfig, d: Draws, sync_free: bool) -> Tensor:
@@ -287,11 +297,14 @@ def _as_float(images: Tensor) -> Tensor:
 
 def apply(images: Tensor, d: Draws, cfg: AugmentConfig, out_size: int | None = None,
           sync_free: bool | None = None) -> Tensor:
-    """Augment a batch with its draws: crop + flip, colour jitter, grayscale, blur, normalise. Pure: no
-    generator, and in the sync-free form (default on accelerators, :data:`SYNC_FREE`) no read back and
-    fixed shapes, so it compiles to one graph."""
+    """Augment a batch with its draws: the background (when drawn), crop + flip, colour jitter, grayscale,
+    blur, normalise. Pure: no generator, and in the sync-free form (default on accelerators,
+    :data:`SYNC_FREE`) no read back and fixed shapes, so it compiles to one graph."""
     x = _as_float(images)
     sync_free = _sync_free(x) if sync_free is None else sync_free
+    if d.bg_on.numel():  # on the render, before the crop, so every later op treats it as part of the image
+        x = _with_background(x, BackgroundDraws(d.bg_on, d.bg_noise, d.bg_u),
+                             255.0 if images.dtype == torch.uint8 else 1.0, sync_free)
     size = x.shape[2] if out_size is None else out_size
     x = resized_crop(x, d.boxes, size, d.flip)  # a fresh buffer: everything below may work in place
     if images.dtype == torch.uint8:
@@ -302,6 +315,15 @@ def apply(images: Tensor, d: Draws, cfg: AugmentConfig, out_size: int | None = N
     x = _masked_(x, d.blur, lambda xs, idx: gaussian_blur(xs, d.sigma[idx], kernel), sync_free)
     mean, std = channel_constant(cfg.mean, x.device, x.dtype), channel_constant(cfg.std, x.device, x.dtype)
     return x.sub_(mean).div_(std)
+
+
+def _with_background(x: Tensor, bg: BackgroundDraws, peak: float, sync_free: bool) -> Tensor:
+    """x (B, 3, H, W) in [0, peak] with the drawn views' black canvas replaced by their backgrounds; a copy
+    (x may be the caller's float images)."""
+    def paint(xs: Tensor, idx: Tensor) -> Tensor:
+        return composite(xs, background(bg.noise[idx], bg.u[idx]), peak)
+
+    return _masked_(x.clone(), bg.on, paint, sync_free)
 
 
 def augment(images: Tensor, cfg: AugmentConfig, generator: torch.Generator,

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-FORMAT = 9  # the config.json format this code writes
+FORMAT = 10  # the config.json format this code writes
 FORMAT_KEY = "config_format"  # the field of config.json that names its format
 
 # Settings that format 1 records may lack (they came later), with the value the runs without them had: the
@@ -40,14 +40,16 @@ _ALGO_BEFORE = {"fedavgm": {"nesterov": False}, "fedvc": {"draw": "epoch"}}
 # (format 6) after every run had trained under the cosine, unwarmed (pretrain.methods.base.MethodConfig's);
 # MoCo-v2's bank_start (format 7) after every MoCo-v2 bank had started with random keys; its
 # feature_uniformity (format 8) after every MoCo-v2 run had trained on InfoNCE alone; its symmetric (format 9)
-# after every MoCo-v2 loss had been one-directional.
+# after every MoCo-v2 loss had been one-directional; the views' background_p of both self-supervised methods
+# (format 10) after every view had been drawn on a black canvas.
 _VIEWS = {"crop_min": 0.2, "jitter": 1.0, "jitter_p": 0.8, "grayscale_p": 0.2, "blur_p": 0.5, "flip_p": 0.5}
 _SCHEDULE = {"lr_schedule": "cosine", "warmup_epochs": 0.0}
 _METHOD_ADDED = {2: {"mocov2": {"head_bn": False}}, 3: {"mocov2": {"keep": "query"}},
                  4: {"simsiam": _VIEWS, "mocov2": _VIEWS},
                  5: {m: _SCHEDULE for m in ("simsiam", "mocov2", "multilabel", "supervised")},
                  6: {"mocov2": {"bank_start": "random"}}, 7: {"mocov2": {"feature_uniformity": 0.0}},
-                 8: {"mocov2": {"symmetric": False}}}
+                 8: {"mocov2": {"symmetric": False}},
+                 9: {"simsiam": {"background_p": 0.0}, "mocov2": {"background_p": 0.0}}}
 
 
 class FormatError(ValueError):

@@ -27,6 +27,10 @@ class ViewSettings:
     grayscale_p: float = setting(_AUGMENT.grayscale_p, "probability of grayscale (MoCo-v2)", within="[0, 1]")
     blur_p: float = setting(_AUGMENT.blur_p, "probability of Gaussian blur (MoCo-v2)", within="[0, 1]")
     flip_p: float = setting(_AUGMENT.flip_p, "probability of a horizontal flip", within="[0, 1]")
+    background_p: float = setting(_AUGMENT.background_p, "probability that a view's black canvas gets a "
+                                  "random 1/f noise background of its own (fpsfl.base.backgrounds: an "
+                                  "experiment of issue 38, docs/pretraining.md; 0: the official views)",
+                                  within="[0, 1]")
 
     def __post_init__(self) -> None:
         check(self, style="key")
@@ -35,4 +39,5 @@ class ViewSettings:
         """``default`` (its normalisation, ratios and blur sizes kept) with these settings."""
         return dataclasses.replace(
             default, crop_scale=(self.crop_min, 1.0), jitter=tuple(self.jitter * s for s in _JITTER),
-            jitter_p=self.jitter_p, grayscale_p=self.grayscale_p, blur_p=self.blur_p, flip_p=self.flip_p)
+            jitter_p=self.jitter_p, grayscale_p=self.grayscale_p, blur_p=self.blur_p, flip_p=self.flip_p,
+            background_p=self.background_p)

@@ -237,7 +237,7 @@ def test_augment_grayscale_always():
 
 
 @pytest.mark.parametrize(("field", "p"), [("jitter_p", 0.8), ("grayscale_p", 0.2), ("blur_p", 0.5),
-                                          ("flip_p", 0.5)])
+                                          ("flip_p", 0.5), ("background_p", 0.5)])
 def test_augment_applies_each_op_with_its_probability(field, p):
     # Only one op on, no crop: a sample is changed iff the op was drawn for it, and untouched otherwise.
     images = _u8(1000, 8)

@@ -112,18 +112,21 @@ def _views(n: int = 24) -> torch.Tensor:
     return torch.randint(0, 256, (2, n, 32, 32, 3), dtype=torch.uint8, generator=gen)
 
 
-def test_pretraining_augmentation_has_a_sync_free_form_equal_to_the_host_form(monkeypatch):
+@pytest.mark.parametrize("background_p", [0.0, 0.5])
+def test_pretraining_augmentation_has_a_sync_free_form_equal_to_the_host_form(monkeypatch, background_p):
     """The host form (CPU default) reads the jitter order and the selected samples back; the form
-    accelerators run reads nothing and gives the same views, bit for bit, from the same generator."""
+    accelerators run reads nothing and gives the same views, bit for bit, from the same generator (with
+    backgrounds behind half the views too)."""
     import fpsfl.base.images as images
     from fractals.stream import augment_views
     out, calls = {}, {}
+    cfg = images.AugmentConfig(background_p=background_p)
     for form in (False, True):
         monkeypatch.setattr(images, "SYNC_FREE", form)
         gen = torch.Generator().manual_seed(0)
-        augment_views(_views(), 2, images.AugmentConfig(), gen)  # warm-up: device constants
+        augment_views(_views(), 2, cfg, gen)  # warm-up: device constants
         with SyncCounter() as counter:
-            out[form] = augment_views(_views(), 2, images.AugmentConfig(), gen)
+            out[form] = augment_views(_views(), 2, cfg, gen)
         calls[form] = dict(counter.calls)
     assert calls[True] == {} and calls[False].get("nonzero", 0) >= 2 and calls[False].get("tolist") == 2
     assert torch.equal(out[True], out[False])

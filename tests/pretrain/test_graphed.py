@@ -40,7 +40,7 @@ def _renders(device: torch.device, epochs: int = 2) -> list[list[torch.Tensor]]:
 # MoCo-v2 settings that change its step ("mocov2+empty"): an empty bank's mask, the uniformity term,
 # the symmetric loss's second direction
 MOCO_VARIANTS = {"empty": {"bank_start": "empty"}, "uniformity": {"feature_uniformity": 0.5},
-                 "symmetric": {"symmetric": True}}
+                 "symmetric": {"symmetric": True}, "background": {"background_p": 0.5}}
 
 
 def _train(method_name: str, device: torch.device, make,
