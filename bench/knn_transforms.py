@@ -11,7 +11,9 @@ training features only:
 
 If pre-trained features carried class neighbourhoods under an offset that the uncentred cosine hides,
 ``centred`` would gain over ``cos`` for them and not for the random inits. One JSON line per backbone:
-the random inits of ``--seeds`` first, then each checkpoint.
+the random inits of ``--seeds`` first, then each checkpoint; first of all, the same kNN on the images'
+pixels (no backbone: the 32 x 32 x 3 values as a vector, as they are and minus each image's mean), the
+level a backbone's 64 pooled features are measured against.
 
     python bench/knn_transforms.py weights/fps-mocov2-t05-resnet20-cpu-1m.ckpt \\
         --data-root ../shared/data/cifar10-probe --folds 5
@@ -73,6 +75,20 @@ def knn_by_transform(backbone: torch.nn.Module, data: ProbeData, size: int) -> d
     return {**out, "mean_cos": round(mean_cos, 4)}
 
 
+def knn_on_pixels(data: ProbeData) -> dict[str, float]:
+    """kNN accuracy (%) of the same vote on the raw pixels, as they are and minus each image's mean."""
+    right = {"pixels": 0.0, "pixels_centred": 0.0}
+    for split in data.splits():
+        train, test = split.train_x.flatten(1).float(), split.test_x.flatten(1).float()
+        for name, (a, b) in {"pixels": (train, test),
+                             "pixels_centred": (train - train.mean(1, keepdim=True),
+                                                test - test.mean(1, keepdim=True))}.items():
+            acc = knn_accuracy(F.normalize(a, dim=1), split.train_y, F.normalize(b, dim=1), split.test_y,
+                               split.n_classes)
+            right[name] += acc * len(split.test_y)
+    return {name: round(100 * r / data.n_scored, 2) for name, r in right.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("ckpts", nargs="*", help="pretrain checkpoints")
@@ -86,6 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data = probe_data(args.dataset, args.data_root, 0, args.folds)
+    print(json.dumps({"backbone": "none: the images' pixels", **knn_on_pixels(data)}), flush=True)
     for seed in range(args.seeds):
         torch.manual_seed(seed)
         row = knn_by_transform(create_backbone(args.arch), data, args.input_size)

@@ -30,7 +30,7 @@ from fpsfl.base.views import ViewSettings
 
 from .ifs import PAPER_BANK, BankError, bank_or_sample, sample_codes, save_bank
 from .preview import make_cells, write_grid
-from .scenes import INSTANCES, LOOKS, RenderConfig, fps_pairs
+from .scenes import COLOURS, INSTANCES, LOOKS, RenderConfig, fps_pairs
 from .stats import COVERED, OFFICIAL_32PX, STATS, view_stats
 from .stream import KINDS
 from .throughput import measure
@@ -52,7 +52,8 @@ def cmd_bank(args: argparse.Namespace) -> None:
 
 def cmd_preview(args: argparse.Namespace) -> None:
     positive("--n", args.n)
-    cfg = RenderConfig.preset(_size(args.size), look=args.look, instances=args.instances)
+    cfg = RenderConfig.preset(_size(args.size), look=args.look, instances=args.instances,
+                              colours=args.colours)
     views = override(ViewSettings, parse_settings(args.set), "fractals preview --set")
     writable_file(Path(args.out))
     images = make_cells(args.kind, bank_or_sample(args.bank, args.seed), cfg, args.n, args.seed,
@@ -130,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--look", choices=LOOKS, default="paper", help="paper: the official generator's "
                    "(default); sparse: this project's first renderer")
     _instances_flag(v)
+    v.add_argument("--colours", choices=COLOURS, default="own",
+                   help="own: each view colours every fractal with its own hue, saturation and value (the "
+                        "official generator; default); shared: both views of a pair colour it alike")
     v.set_defaults(run=cmd_preview)
 
     t = sub.add_parser("stats", help="coverage, adjacent colour difference, mean colour and value of FPS "

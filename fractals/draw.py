@@ -50,6 +50,7 @@ def _scratch(side, n_codes, prm):
         np.empty((n_codes, CHAINS, 2)), np.zeros((n_codes, 3, 3), np.bool_), np.empty((6, 6)),  # 14-16
         np.empty((COLOUR_TABLE, 3), np.float32), np.empty(n_codes, np.uint64),  # 17, 18: colours, game seeds
         np.empty((2, prm.n_steps * CHAINS)),  # 19: the chains' points
+        np.empty((n_codes, 3)),  # 20: view 0's hue offset, saturation and value per code (shared colours)
     )
 
 
@@ -103,17 +104,30 @@ def _rasterise(j, r, prm, work):
 
 
 @nb.njit(inline="always")
-def _place(view, j, r, size, st, prm, work):
-    """Colour, flip, resize to ``size`` and place instance j's r x r render (work[1, 2][j]) onto ``view``."""
-    counts, peak = work[1][j], work[2][j]
-    graded, mask, big_g, big_c, rows, i0, i1, frac = work[3:11]
-    knots, table = work[16], work[17]
-    side = view.shape[0]
+def _colour(v, j, st, prm, work):
+    """Instance j's hue offset, saturation and value in view v: drawn (and kept for later views), or with
+    shared colours view 0's for every later view (no draw)."""
+    kept = work[20][j]
+    if prm.shared_colour and v > 0:
+        return kept[0], kept[1], kept[2]
     hue = uniform(st, 0.0, 1.0)
     sat = uniform(st, prm.sat_lo, prm.sat_hi)
     val = uniform(st, prm.val_lo, prm.val_hi)
     if prm.opencv:  # 8-bit S and V, as the official's np.uint8(U * 255)
         sat, val = math.floor(sat * 255.0) / 255.0, math.floor(val * 255.0) / 255.0
+    kept[0], kept[1], kept[2] = hue, sat, val
+    return hue, sat, val
+
+
+@nb.njit(inline="always")
+def _place(view, v, j, r, size, st, prm, work):
+    """Colour, flip, resize to ``size`` and place instance j's r x r render (work[1, 2][j]) onto view v,
+    ``view``."""
+    counts, peak = work[1][j], work[2][j]
+    graded, mask, big_g, big_c, rows, i0, i1, frac = work[3:11]
+    knots, table = work[16], work[17]
+    side = view.shape[0]
+    hue, sat, val = _colour(v, j, st, prm, work)
     dihedral = np.int64(next_u64(st) & np.uint64(7)) if prm.flips else np.int64(0)
     oy, ox = _top_left(st, prm, side, size)
     if prm.colour_first:  # the official order: colour at render resolution, resize the colours, composite
@@ -149,8 +163,10 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out, grey):
     Scene b of view v composites instances of codes code_ids[b, :counts[b]]; all of its randomness (jitter,
     chaos game, colour, flips, size, placement, blur) comes from seeds[b]. With ``prm.shared`` each code is
     jittered and rendered once per scene and every view places that same grey instance (the official
-    generator's cache); otherwise every view renders its own instance. ``grey`` (V, B, I, R, R) float32, or
-    empty to skip, receives the grade each view placed, at its render side R (for tests).
+    generator's cache); otherwise every view renders its own instance. With ``prm.shared_colour`` every
+    view colours an instance as view 0 drew it (view 0's draws are those of own colours). ``grey``
+    (V, B, I, R, R) float32, or empty to skip, receives the grade each view placed, at its render side R
+    (for tests).
     """
     n_views, n_scenes, side = out.shape[0], out.shape[1], out.shape[2]
     work = _scratch(side, max(1, code_ids.shape[1]), prm)
@@ -180,7 +196,7 @@ def render_scenes(maps, n_maps, code_ids, counts, seeds, prm, out, grey):
                 if not (prm.shared and prm.render_full):  # a shared instance replays its points at this size
                     _rasterise(j, r, prm, work)
                 _keep_grey(grey, v, b, j, r, work)
-                _place(view, j, r, size, st, prm, work)
+                _place(view, v, j, r, size, st, prm, work)
             if uniform(st, 0.0, 1.0) < prm.blur_p:
                 sigma = uniform(st, prm.blur_lo, prm.blur_hi)
                 radius = prm.blur_radius or min(max(1, int(math.ceil(2.0 * sigma))), side // 2)

@@ -28,6 +28,7 @@ from .render import CHAINS
 
 LOOKS = ("paper", "sparse")  # see RenderConfig.preset
 INSTANCES = ("shared", "independent")  # see RenderConfig.instances
+COLOURS = ("own", "shared")  # see RenderConfig.colours
 FITS = ("stretch", "aspect")
 HSVS = ("opencv", "float")
 # How the first renderers departed from the official generator in detail (issue 23, item 3); the sparse
@@ -73,6 +74,10 @@ class RenderConfig:
     # shared: each code of a scene is jittered and rendered once and every view places that grey instance,
     # as the official generator's per-class cache does; independent: each view renders its own instance
     instances: str = "shared"
+    # own: each view draws every instance's hue offset, saturation and value (official: FPS views differ in
+    # colour); shared: every view takes view 0's colour of the instance, so a pair differs in colour only by
+    # the image-level jitter (an experiment of issue 38: docs/pretraining.md)
+    colours: str = "own"
 
     @classmethod
     def preset(cls, size: int, look: str = "paper", **overrides) -> RenderConfig:
@@ -111,6 +116,7 @@ class RenderConfig:
             "probabilities must lie in [0, 1]": 0 <= self.patch_p <= 1 and 0 <= self.blur_p <= 1,
             "blur_radius must be >= 0": self.blur_radius >= 0,
             f"instances must be one of {', '.join(INSTANCES)}": self.instances in INSTANCES,
+            f"colours must be one of {', '.join(COLOURS)}": self.colours in COLOURS,
             f"fit must be one of {', '.join(FITS)}": self.fit in FITS,
             f"hsv must be one of {', '.join(HSVS)}": self.hsv in HSVS,
             "colouring after the resize (colour_first off) takes hsv float without overwrite":
@@ -132,7 +138,7 @@ _KernelParams = namedtuple(
     "_KernelParams",
     "n_steps render_cap scale_lo scale_hi off_canvas jit_lo jit_hi jit_tries jit_translation stretch "
     "patch_centre sat_lo sat_hi val_lo val_hi flips patch_p blur_p blur_lo blur_hi blur_radius render_full "
-    "colour_first opencv overwrite floor_placement shared burn_in",
+    "colour_first opencv overwrite floor_placement shared burn_in shared_colour",
 )
 
 
@@ -143,7 +149,7 @@ def _kernel_params(cfg: RenderConfig) -> _KernelParams:
         cfg.fit == "stretch", cfg.patch_centre, *map(float, cfg.saturation), *map(float, cfg.value),
         cfg.flips, float(cfg.patch_p), float(cfg.blur_p), *map(float, cfg.blur_sigma), cfg.blur_radius,
         cfg.render_full, cfg.colour_first, cfg.hsv == "opencv", cfg.overwrite, cfg.floor_placement,
-        cfg.instances == "shared", cfg.burn_in,
+        cfg.instances == "shared", cfg.burn_in, cfg.colours == "shared",
     )
 
 

@@ -387,7 +387,10 @@ def _render_chunk(bank, cfg, code_ids, counts, seeds, n_views, device) -> torch.
     view_keys = _draw(_draw(scene, 1 + slots + v), j).expand(n_views, n_scenes, slots).reshape(-1, slots)
     inst = inst.reshape(-1, slots)
     for s in range(slots):  # in slot order: a later instance covers an earlier one
-        _place(view, grey, peak, inst[:, s], *_view_draws(view_keys[:, s], cfg, side))
+        draws = _view_draws(view_keys[:, s], cfg, side)
+        if cfg.colours == "shared":  # every view's hue, saturation and value: view 0's (drawn as ever)
+            draws = (*(t[:n_scenes].repeat(n_views) for t in draws[:3]), *draws[3:])
+        _place(view, grey, peak, inst[:, s], *draws)
     return _finish(view, seeds, v, cfg, n_views, n_scenes)
 
 

@@ -82,6 +82,11 @@ class PretrainConfig:
                                        "instance (the official generator's cache, issue 23); independent: "
                                        "each view renders its own", choices=("shared", "independent"),
                              group="fractal")
+    colours: str = setting("own", "own: each view colours every fractal with its own hue, saturation and "
+                                  "value (the official generator: FPS views differ in colour); shared: "
+                                  "both views colour a fractal alike, so a pair differs in colour only by "
+                                  "the image-level jitter (an experiment of issue 38, docs/pretraining.md)",
+                           choices=("own", "shared"), group="fractal")
     renderer: str = setting("auto", "who draws the fractals: torch (fractals.torch_render: batched tensor "
                                     "ops in the training process, on its --device), numba (the CPU "
                                     "renderer, in --workers processes) or auto (torch when training on a "

@@ -44,6 +44,9 @@ _ALGO_BEFORE = {"fedavgm": {"nesterov": False}, "fedvc": {"draw": "epoch"}}
 # (format 10) after every view had been drawn on a black canvas.
 _VIEWS = {"crop_min": 0.2, "jitter": 1.0, "jitter_p": 0.8, "grayscale_p": 0.2, "blur_p": 0.5, "flip_p": 0.5}
 _SCHEDULE = {"lr_schedule": "cosine", "warmup_epochs": 0.0}
+# Format 9 -> 10 also gave the pretrain table colours (issue 38), after every FPS view had drawn its own
+# colours.
+_PRETRAIN_ADDED = {9: {"colours": "own"}}
 _METHOD_ADDED = {2: {"mocov2": {"head_bn": False}}, 3: {"mocov2": {"keep": "query"}},
                  4: {"simsiam": _VIEWS, "mocov2": _VIEWS},
                  5: {m: _SCHEDULE for m in ("simsiam", "mocov2", "multilabel", "supervised")},
@@ -107,9 +110,13 @@ def _from_1(record: dict[str, Any]) -> None:
 
 def _method_step(version: int):
     """Format ``version`` -> ``version + 1``, in place: a pre-training run's resolved ``method`` table gets
-    the method settings that format added, as its run had them (``--resume`` compares that table whole)."""
+    the method settings that format added, as its run had them (``--resume`` compares that table whole), and
+    its ``pretrain`` table the pre-training settings that format added."""
     def step(record: dict[str, Any]) -> None:
         pretrain, method = record.get("pretrain"), record.get("method")
+        if isinstance(pretrain, dict):
+            for key, value in _PRETRAIN_ADDED.get(version, {}).items():
+                pretrain.setdefault(key, value)
         if isinstance(pretrain, dict) and isinstance(method, dict):
             for key, value in _METHOD_ADDED[version].get(pretrain.get("method"), {}).items():
                 method.setdefault(key, value)

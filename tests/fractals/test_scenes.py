@@ -235,3 +235,24 @@ def test_sparse_look_keeps_the_first_renderers_details():
 def test_config_rejects_bad_residuals(bad):
     with pytest.raises(ValueError):
         RenderConfig(**bad)
+
+
+@pytest.mark.parametrize("colours", ["own", "shared"])
+def test_shared_colours_make_a_pairs_views_alike_once_every_other_view_draw_is_pinned(bank, colours):
+    """Issue 38's experiment: with each view's size, place, flips and blur pinned (the instance fills the
+    view), the two views of a shared instance differ only in colour: equal under shared colours, unequal
+    under own colours; view 0 is the same in both (its draws are those of own colours)."""
+    pinned = RenderConfig.preset(32, scale=(1.0, 1.0), off_canvas=0.0, flips=False, blur_p=0.0,
+                                 codes_per_image=(1, 1))
+    n = 16
+    args = (np.arange(n)[:, None], np.ones(n), np.arange(n, dtype=np.uint64), 2)
+    views = render_batch(bank, replace(pinned, colours=colours), *args)
+    own = render_batch(bank, pinned, *args)
+    assert np.array_equal(views[0], own[0])
+    same = [np.array_equal(views[0, b], views[1, b]) for b in range(n)]
+    assert all(same) if colours == "shared" else not any(same)
+
+
+def test_config_rejects_unknown_colours():
+    with pytest.raises(ValueError, match="colours"):
+        RenderConfig(colours="mixed")

@@ -242,3 +242,18 @@ def test_the_chaos_loop_makes_few_torch_calls_a_step(bank):
     chains = max(CHAINS, -(-cfg.points // T.MAX_STEPS))
     steps = -(-cfg.points // chains) + max(cfg.burn_in, T.MIX_STEPS if chains > CHAINS else 0)
     assert calls["_chaos"] <= 6 * steps, (calls["_chaos"], steps)
+
+
+@pytest.mark.parametrize("colours", ["own", "shared"])
+def test_shared_colours_make_a_pairs_views_alike_once_every_other_view_draw_is_pinned(bank, colours):
+    """As numba's (tests/fractals/test_scenes.py): the instance fills both views unflipped and unblurred, so
+    the views of a pair are equal under shared colours and differ under own colours; view 0 is the same."""
+    pinned = RenderConfig.preset(32, scale=(1.0, 1.0), off_canvas=0.0, flips=False, blur_p=0.0,
+                                 codes_per_image=(1, 1))
+    n = 16
+    args = (np.arange(n)[:, None], np.ones(n, np.int64), np.arange(n, dtype=np.uint64), 2)
+    views = T.render_batch(bank, replace(pinned, colours=colours), *args, device="cpu")
+    own = T.render_batch(bank, pinned, *args, device="cpu")
+    assert torch.equal(views[0], own[0])
+    same = [torch.equal(views[0, b], views[1, b]) for b in range(n)]
+    assert all(same) if colours == "shared" else not any(same)
