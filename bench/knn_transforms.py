@@ -12,8 +12,8 @@ training features only:
 If pre-trained features carried class neighbourhoods under an offset that the uncentred cosine hides,
 ``centred`` would gain over ``cos`` for them and not for the random inits. One JSON line per backbone:
 the random inits of ``--seeds`` first, then each checkpoint; first of all, the same kNN on the images'
-pixels (no backbone: the 32 x 32 x 3 values as a vector, as they are and minus each image's mean), the
-level a backbone's 64 pooled features are measured against.
+pixels (no backbone: the 32 x 32 x 3 values as a vector, as they are and minus each image's mean, and
+the same in grey), the level a backbone's 64 pooled features are measured against.
 
     python bench/knn_transforms.py weights/fps-mocov2-t05-resnet20-cpu-1m.ckpt \\
         --data-root ../shared/data/cifar10-probe --folds 5
@@ -76,16 +76,19 @@ def knn_by_transform(backbone: torch.nn.Module, data: ProbeData, size: int) -> d
 
 
 def knn_on_pixels(data: ProbeData) -> dict[str, float]:
-    """kNN accuracy (%) of the same vote on the raw pixels, as they are and minus each image's mean."""
-    right = {"pixels": 0.0, "pixels_centred": 0.0}
+    """kNN accuracy (%) of the same vote on the raw pixels, as they are and minus each image's mean, in
+    colour and in grey (the channels' mean): how much of the pixels' own signal is colour."""
+    right: dict[str, float] = {}
     for split in data.splits():
-        train, test = split.train_x.flatten(1).float(), split.test_x.flatten(1).float()
-        for name, (a, b) in {"pixels": (train, test),
-                             "pixels_centred": (train - train.mean(1, keepdim=True),
-                                                test - test.mean(1, keepdim=True))}.items():
-            acc = knn_accuracy(F.normalize(a, dim=1), split.train_y, F.normalize(b, dim=1), split.test_y,
-                               split.n_classes)
-            right[name] += acc * len(split.test_y)
+        for colour in ("", "grey_"):
+            train, test = (x.float().mean(-1) if colour else x.float() for x in (split.train_x, split.test_x))
+            train, test = train.flatten(1), test.flatten(1)
+            for name, (a, b) in {"pixels": (train, test),
+                                 "pixels_centred": (train - train.mean(1, keepdim=True),
+                                                    test - test.mean(1, keepdim=True))}.items():
+                acc = knn_accuracy(F.normalize(a, dim=1), split.train_y, F.normalize(b, dim=1),
+                                   split.test_y, split.n_classes)
+                right[colour + name] = right.get(colour + name, 0.0) + acc * len(split.test_y)
     return {name: round(100 * r / data.n_scored, 2) for name, r in right.items()}
 
 

@@ -351,8 +351,7 @@ def render_batch(bank: CodeBank, cfg, code_ids: np.ndarray, counts: np.ndarray, 
 
 
 def _render_chunk(bank, cfg, code_ids, counts, seeds, n_views, device) -> torch.Tensor:
-    n_scenes, slots = code_ids.shape
-    side = cfg.size
+    (n_scenes, slots), side = code_ids.shape, cfg.size
     res = min(side, cfg.render_cap)  # render_full: every instance at the view's side, capped (A.1.2: 112^2)
     shared = cfg.instances == "shared"
     # instance keys: per (scene, code) when the views share instances, per (view, scene, code) otherwise
@@ -374,8 +373,7 @@ def _render_chunk(bank, cfg, code_ids, counts, seeds, n_views, device) -> torch.
     maps = torch.as_tensor(bank.maps, device=device)[codes]
     n_maps = torch.as_tensor(bank.n_maps, device=device)[codes]
     m = _jitter(maps, n_maps, key, cfg)
-    tries = cfg.jitter_tries
-    chains = max(CHAINS, math.ceil(cfg.points / MAX_STEPS))
+    tries, chains = cfg.jitter_tries, max(CHAINS, math.ceil(cfg.points / MAX_STEPS))
     steps = math.ceil(cfg.points / chains)
     x0, y0 = _chain_starts(m, n_maps, chains)
     chain_keys = _draw(key[:, None], 2 * tries + 2 + torch.arange(chains, device=device))
@@ -396,8 +394,7 @@ def _render_chunk(bank, cfg, code_ids, counts, seeds, n_views, device) -> torch.
 
 def _finish(view, seeds, v, cfg, n_views, n_scenes) -> torch.Tensor:
     """Blur the views (VB, 3, S, S) and round them to uint8 (V, B, S, S, 3), as fractals.compose.to_uint8."""
-    side = cfg.size
     blur_keys = _draw(_draw(seeds[None, :], 0), v[..., 0]).expand(n_views, n_scenes).reshape(-1)
-    view = _blur(view, _blur_kernels(blur_keys, cfg, side))
+    view = _blur(view, _blur_kernels(blur_keys, cfg, cfg.size))
     out = torch.floor((view * 255.0 + 0.5).clamp(0.0, 255.0)).to(torch.uint8)
-    return out.permute(0, 2, 3, 1).reshape(n_views, n_scenes, side, side, 3)
+    return out.permute(0, 2, 3, 1).reshape(n_views, n_scenes, cfg.size, cfg.size, 3)
