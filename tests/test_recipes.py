@@ -41,6 +41,8 @@ def _federate_has(command: str) -> bool:
     return f"usage: federate {command}" in done.stdout
 
 
+# CI's 20-minute budget (2026-12-02): 120 s; the recipe runs in test_every_recipe_runs_at_smoke_scale
+@pytest.mark.slow
 def test_table2_smoke_prints_the_papers_three_rows_beside_the_measured_ones(tmp_path):
     done = _recipe("table2_cifar10.sh", tmp_path / "runs", timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -184,6 +184,8 @@ def _subprocess_runs(tmp_path: Path, crash: str) -> tuple[Path, Path]:
     return tmp_path / "full", tmp_path / "r"
 
 
+# CI's 20-minute budget (2026-12-02): 60 s; crash and resume stay in test_crash_points' samples
+@pytest.mark.slow
 def test_04_sigkill_inside_the_append_then_resume_equals_uninterrupted(tmp_path):
     """A real process killed with SIGKILL half-way through writing round 2's metrics line."""
     full, cut = _subprocess_runs(tmp_path, "torn:2")
@@ -193,6 +195,8 @@ def test_04_sigkill_inside_the_append_then_resume_equals_uninterrupted(tmp_path)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+# CI's 20-minute budget (2026-12-02): 55 s; as above
+@pytest.mark.slow
 def test_04_sigkill_between_metrics_and_state_then_resume_equals_uninterrupted(tmp_path):
     full, cut = _subprocess_runs(tmp_path, "metrics:2")
     assert strip(metrics(cut)) == strip(metrics(full))

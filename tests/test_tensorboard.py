@@ -129,6 +129,8 @@ def test_two_runs_of_the_same_name_keep_their_own_curves(tmp_path):
         assert_same(got, expected(tmp_path / parent / "x", "round"))
 
 
+# CI's 20-minute budget (2026-12-02): 40 s; federate's rounds are the test above
+@pytest.mark.slow
 def test_self_pretraining_writes_its_rounds(tmp_path):
     """federate self-pretrain --tensorboard wrote nothing (issue 42)."""
     argv = ["self-pretrain", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--width", "0.25",

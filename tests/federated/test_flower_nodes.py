@@ -266,6 +266,8 @@ def worker(tmp_path):
     assert not sock.exists()  # the worker removes its socket when stopped
 
 
+# CI's 20-minute budget (2026-12-02): 35 s
+@pytest.mark.slow
 def test_nodes_with_a_warm_worker_give_the_run_of_nodes_that_train_themselves(tmp_path, worker, capsys):
     """SCAFFOLD, whose client state travels to the worker and back in the Context: the same metrics,
     weights and state; a node whose worker is gone (client 2's) trains itself, saying so in one line."""
