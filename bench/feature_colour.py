@@ -26,12 +26,10 @@ import json
 import math
 
 import torch
+from knn_transforms import add_flags, backbones, raw_features  # bench/, beside this script
 from torch import Tensor
 
 from analysis.probe import probe_data
-from fpsfl.base.checkpoint import load_backbone_weights, load_checkpoint
-from fpsfl.base.images import eval_batch
-from pretrain.backbones import create_backbone
 from pretrain.probe import ProbeData, reestimate_bn
 
 RIDGE = 1.0  # the penalty on standardised features (64 of them for ResNet20; ~2,400 training images a fold)
@@ -53,14 +51,6 @@ def colour_targets(images: Tensor) -> Tensor:
     return torch.stack([chroma.flatten(1).mean(1), hue_cos, hue_sin, x.flatten(1).mean(1)], dim=1)
 
 
-@torch.no_grad()
-def features(backbone: torch.nn.Module, images: Tensor, size: int) -> Tensor:
-    """Eval-mode features (N, D), before any normalisation."""
-    backbone.eval()
-    return torch.cat([backbone(eval_batch(images[i:i + 256], size)).float()
-                      for i in range(0, len(images), 256)])
-
-
 def ridge_predict(train_f: Tensor, train_t: Tensor, test_f: Tensor, penalty: float = RIDGE) -> Tensor:
     """Ridge regression of ``train_t`` on the standardised ``train_f``, evaluated at ``test_f``."""
     mean, std = train_f.mean(0), train_f.std(0).clamp_min(1e-6)
@@ -77,7 +67,7 @@ def colour_r2(backbone: torch.nn.Module, data: ProbeData, size: int) -> dict[str
     truth, guess = [], []
     for split in data.splits():
         fitted = reestimate_bn(backbone, split.train_x, size)
-        train_f, test_f = features(fitted, split.train_x, size), features(fitted, split.test_x, size)
+        train_f, test_f = raw_features(fitted, split.train_x, size), raw_features(fitted, split.test_x, size)
         guess.append(ridge_predict(train_f, colour_targets(split.train_x), test_f))
         truth.append(colour_targets(split.test_x))
     t, g = torch.cat(truth), torch.cat(guess)
@@ -87,27 +77,12 @@ def colour_r2(backbone: torch.nn.Module, data: ProbeData, size: int) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("ckpts", nargs="*", help="pretrain checkpoints")
-    parser.add_argument("--dataset", default="imagefolder", help="a federate dataset (default: imagefolder)")
-    parser.add_argument("--data-root", default="../shared/data/cifar10-probe", help="its root")
-    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds (0: the test split)")
-    parser.add_argument("--input-size", type=int, default=32, help="px")
-    parser.add_argument("--arch", default="resnet20", help="the random inits' backbone")
-    parser.add_argument("--seeds", type=int, default=3, help="random inits (seeds 0..N-1)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    add_flags(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data = probe_data(args.dataset, args.data_root, 0, args.folds)
-    for seed in range(args.seeds):
-        torch.manual_seed(seed)
-        row = colour_r2(create_backbone(args.arch), data, args.input_size)
-        print(json.dumps({"backbone": f"random init, seed {seed}", **row}), flush=True)
-    for path in args.ckpts:
-        ckpt = load_checkpoint(path)
-        backbone = create_backbone(ckpt["arch"], ckpt["width"])
-        load_backbone_weights(backbone, ckpt, where=path)
-        print(json.dumps({"backbone": path, **colour_r2(backbone, data, args.input_size)}), flush=True)
-
+    for name, backbone in backbones(args):
+        print(json.dumps({"backbone": name, **colour_r2(backbone, data, args.input_size)}), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -92,8 +92,8 @@ def knn_on_pixels(data: ProbeData) -> dict[str, float]:
     return {name: round(100 * r / data.n_scored, 2) for name, r in right.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of this script and of bench/feature_colour.py: the probe set, the random inits, threads."""
     parser.add_argument("ckpts", nargs="*", help="pretrain checkpoints")
     parser.add_argument("--dataset", default="imagefolder", help="a federate dataset (default: imagefolder)")
     parser.add_argument("--data-root", default="../shared/data/cifar10-probe", help="its root")
@@ -102,20 +102,29 @@ def main() -> None:
     parser.add_argument("--arch", default="resnet20", help="the random inits' backbone")
     parser.add_argument("--seeds", type=int, default=3, help="random inits (seeds 0..N-1)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    data = probe_data(args.dataset, args.data_root, 0, args.folds)
-    print(json.dumps({"backbone": "none: the images' pixels", **knn_on_pixels(data)}), flush=True)
+
+
+def backbones(args: argparse.Namespace):
+    """(name, backbone) for the random inits of ``--seeds``, then for each checkpoint, built one at a time."""
     for seed in range(args.seeds):
         torch.manual_seed(seed)
-        row = knn_by_transform(create_backbone(args.arch), data, args.input_size)
-        print(json.dumps({"backbone": f"random init, seed {seed}", **row}), flush=True)
+        yield f"random init, seed {seed}", create_backbone(args.arch)
     for path in args.ckpts:
         ckpt = load_checkpoint(path)
         backbone = create_backbone(ckpt["arch"], ckpt["width"])
         load_backbone_weights(backbone, ckpt, where=path)
-        print(json.dumps({"backbone": path, **knn_by_transform(backbone, data, args.input_size)}), flush=True)
+        yield path, backbone
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_flags(parser)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    data = probe_data(args.dataset, args.data_root, 0, args.folds)
+    print(json.dumps({"backbone": "none: the images' pixels", **knn_on_pixels(data)}), flush=True)
+    for name, backbone in backbones(args):
+        print(json.dumps({"backbone": name, **knn_by_transform(backbone, data, args.input_size)}), flush=True)
 
 if __name__ == "__main__":
     main()

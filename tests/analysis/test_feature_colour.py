@@ -2,6 +2,7 @@
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def colour():
+    sys.path.insert(0, str(REPO / "bench"))  # it imports bench/knn_transforms.py, as a script beside it would
     spec = importlib.util.spec_from_file_location("feature_colour", REPO / "bench" / "feature_colour.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
