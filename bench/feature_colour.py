@@ -21,15 +21,13 @@ inits of ``--seeds`` first, then each checkpoint.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
 import torch
-from knn_transforms import add_flags, backbones, raw_features  # bench/, beside this script
+from knn_transforms import backbones, parse, raw_features  # bench/, beside this script
 from torch import Tensor
 
-from analysis.probe import probe_data
 from pretrain.probe import ProbeData, reestimate_bn
 
 RIDGE = 1.0  # the penalty on standardised features (64 of them for ResNet20; ~2,400 training images a fold)
@@ -76,11 +74,7 @@ def colour_r2(backbone: torch.nn.Module, data: ProbeData, size: int) -> dict[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_flags(parser)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    data = probe_data(args.dataset, args.data_root, 0, args.folds)
+    args, data = parse(__doc__)
     for name, backbone in backbones(args):
         print(json.dumps({"backbone": name, **colour_r2(backbone, data, args.input_size)}), flush=True)
 

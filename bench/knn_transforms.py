@@ -116,12 +116,18 @@ def backbones(args: argparse.Namespace):
         yield path, backbone
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse(doc: str) -> tuple[argparse.Namespace, ProbeData]:
+    """The parsed flags of this script or of bench/feature_colour.py (``doc``: its docstring), threads set,
+    and the probe set they name."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     add_flags(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    data = probe_data(args.dataset, args.data_root, 0, args.folds)
+    return args, probe_data(args.dataset, args.data_root, 0, args.folds)
+
+
+def main() -> None:
+    args, data = parse(__doc__)
     print(json.dumps({"backbone": "none: the images' pixels", **knn_on_pixels(data)}), flush=True)
     for name, backbone in backbones(args):
         print(json.dumps({"backbone": name, **knn_by_transform(backbone, data, args.input_size)}), flush=True)
