@@ -83,10 +83,10 @@ def test_orchestra_rounds_equal_the_plain_torch_reference(one_thread):
         want = orchestra_round_ref(copy.deepcopy(model), [data.train_x[p] for p in parts], runs, cfg,
                                    rnd == 0, views, rotations, rotate)
         assert got.keys() == want.keys()
-        # Round 1's six SGD steps at batch 4 under BatchNorm amplify the two sides' different rounding
-        # (torch.optim's update against the reference's p - lr * g): up to 6e-5 on conv1 on an Intel Xeon
-        # host's kernels, under 2e-5 on AMD EPYC. 2e-4 is 0.1% of the largest update (0.16); an error in the
-        # math moves entries by the update's own size.
+        # Round 1's local steps (up to six a client, batch 4) under BatchNorm amplify the two sides' different
+        # rounding (torch.optim's SGD and the reference's hand-written one order the same sums differently):
+        # up to 6e-5 on conv1 with an Intel Xeon host's kernels, under 2e-5 on AMD EPYC. 2e-4 is 0.1% of the
+        # largest update (0.16); an error in the math moves entries by the update's own size.
         atol = 2e-5 if rnd == 0 else 2e-4
         for key in got:
             torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=atol, msg=f"round {rnd}: {key}")
