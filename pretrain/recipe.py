@@ -87,6 +87,12 @@ class PretrainConfig:
                                   "both views colour a fractal alike, so a pair differs in colour only by "
                                   "the image-level jitter (an experiment of issue 38, docs/pretraining.md)",
                            choices=("own", "shared"), group="fractal")
+    flips: str = setting("own", "own: each view flips or turns every fractal by its own one of the 8 "
+                                "symmetries of the square (the paper look's default), so the features learn "
+                                "to ignore a fractal's orientation; none: every fractal is placed as "
+                                "rendered, so a pair differs in orientation only by the image-level "
+                                "horizontal flip (an experiment of issue 38, docs/pretraining.md)",
+                         choices=("own", "none"), group="fractal")
     renderer: str = setting("auto", "who draws the fractals: torch (fractals.torch_render: batched tensor "
                                     "ops in the training process, on its --device), numba (the CPU "
                                     "renderer, in --workers processes) or auto (torch when training on a "

@@ -90,7 +90,8 @@ class FractalSource:
         renderer, render_device = renderer_for(cfg, device)
         stream_cfg = StreamConfig(kind=kind, batch_size=cfg.batch_size, pairs_per_epoch=cfg.pairs_per_epoch,
                                   seed=cfg.seed, n_classes=cfg.n_classes, renderer=renderer)
-        render = RenderConfig.preset(cfg.size, look=cfg.look, instances=cfg.instances, colours=cfg.colours)
+        render = RenderConfig.preset(cfg.size, look=cfg.look, instances=cfg.instances, colours=cfg.colours,
+                                     flips=cfg.flips == "own")
         self.stream = FractalStream(bank, render, stream_cfg, device=render_device)
         self.workers, self.pin_memory = workers, device.type == "cuda"
         self.n_classes = cfg.n_classes if kind == "multilabel" else None

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-FORMAT = 10  # the config.json format this code writes
+FORMAT = 11  # the config.json format this code writes
 FORMAT_KEY = "config_format"  # the field of config.json that names its format
 
 # Settings that format 1 records may lack (they came later), with the value the runs without them had: the
@@ -45,14 +45,14 @@ _ALGO_BEFORE = {"fedavgm": {"nesterov": False}, "fedvc": {"draw": "epoch"}}
 _VIEWS = {"crop_min": 0.2, "jitter": 1.0, "jitter_p": 0.8, "grayscale_p": 0.2, "blur_p": 0.5, "flip_p": 0.5}
 _SCHEDULE = {"lr_schedule": "cosine", "warmup_epochs": 0.0}
 # Format 9 -> 10 also gave the pretrain table colours (issue 38), after every FPS view had drawn its own
-# colours.
-_PRETRAIN_ADDED = {9: {"colours": "own"}}
+# colours; format 10 -> 11 its flips, after every FPS view had drawn its own flip of each fractal.
+_PRETRAIN_ADDED = {9: {"colours": "own"}, 10: {"flips": "own"}}
 _METHOD_ADDED = {2: {"mocov2": {"head_bn": False}}, 3: {"mocov2": {"keep": "query"}},
                  4: {"simsiam": _VIEWS, "mocov2": _VIEWS},
                  5: {m: _SCHEDULE for m in ("simsiam", "mocov2", "multilabel", "supervised")},
                  6: {"mocov2": {"bank_start": "random"}}, 7: {"mocov2": {"feature_uniformity": 0.0}},
                  8: {"mocov2": {"symmetric": False}},
-                 9: {"simsiam": {"background_p": 0.0}, "mocov2": {"background_p": 0.0}}}
+                 9: {"simsiam": {"background_p": 0.0}, "mocov2": {"background_p": 0.0}}, 10: {}}
 
 
 class FormatError(ValueError):

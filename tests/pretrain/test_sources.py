@@ -46,3 +46,15 @@ def test_a_source_is_sharded_before_its_workers_start():
         assert "before its first epoch" in str(exc)
     else:
         raise AssertionError("a shard after the workers started was accepted")
+
+
+def test_the_fractal_settings_reach_the_renderer():
+    """``--colours`` and ``--flips`` (issue 38's experiments) are the render config the stream draws with;
+    the defaults are the paper look's: own colours, each view its own flips."""
+    default = SOURCES["fps"].make(CFG, 0, CPU).stream.render
+    assert (default.colours, default.flips) == ("own", True)
+    cfg = PretrainConfig(size=16, batch_size=8, pairs_per_epoch=20, seed=3, colours="shared", flips="none")
+    render = SOURCES["fps"].make(cfg, 0, CPU).stream.render
+    assert (render.colours, render.flips) == ("shared", False)
+    a, b = (next(iter(SOURCES["fps"].make(c, 0, CPU).batches(0)))["images"] for c in (CFG, cfg))
+    assert not torch.equal(a, b)
