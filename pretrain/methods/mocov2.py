@@ -125,6 +125,11 @@ class MoCoV2Config(ViewsConfig):
     hidden_dim: int | None = setting(None, "MLP head hidden width (default: the backbone's feature width, "
                                            "official; 2048, imagenet)", within="[1, inf)")
     out_dim: int = setting(128, "key/query dimension (MoCo-v2)", within="[1, inf)")
+    head_layers: int = setting(2, "linear layers of the MLP head, a ReLU between each (MoCo-v2: 2; MoCo v3 "
+                                  "and SimCLR v2: 3): a deeper head takes on more of the loss's invariances, "
+                                  "so that the backbone's last stage stays more general (Bordes et al. 2023, "
+                                  "'Guillotine regularization'); an experiment of issue 38, "
+                                  "docs/pretraining.md", within="[2, inf)")
     head_bn: bool = setting(False, "BatchNorm after the head's hidden layer (SimCLR's projector; MoCo-v2 and "
                                    "the FPS code have none): an experiment of issue 38, see "
                                    "docs/pretraining.md")
@@ -154,13 +159,15 @@ class MoCoV2Config(ViewsConfig):
 
 
 def _head(feature_dim: int, cfg: MoCoV2Config) -> nn.Module:
-    """MoCo-v2's MLP head (lightly's), f -> hidden -> ReLU -> out; with ``head_bn`` a BatchNorm before the
-    ReLU, which removes the batch's shared feature offset before the head (post-ReLU features of a random
-    init share a direction: mean pairwise cosine about 0.9 on the CIFAR-10 probe set)."""
+    """MoCo-v2's MLP head (lightly's), f -> hidden (-> hidden ...) -> out with a ReLU after each hidden
+    layer, ``head_layers`` linear layers in all; with ``head_bn`` a BatchNorm before each ReLU, which removes
+    the batch's shared feature offset before the head (post-ReLU features of a random init share a
+    direction: mean pairwise cosine about 0.9 on the CIFAR-10 probe set)."""
     if not cfg.head_bn:
-        return MoCoProjectionHead(feature_dim, cfg.hidden_dim, cfg.out_dim)
-    return ProjectionHead([(feature_dim, cfg.hidden_dim, nn.BatchNorm1d(cfg.hidden_dim), nn.ReLU()),
-                           (cfg.hidden_dim, cfg.out_dim, None, None)])
+        return MoCoProjectionHead(feature_dim, cfg.hidden_dim, cfg.out_dim, num_layers=cfg.head_layers)
+    widths = [feature_dim] + [cfg.hidden_dim] * (cfg.head_layers - 1)
+    hidden = [(a, b, nn.BatchNorm1d(b), nn.ReLU()) for a, b in zip(widths[:-1], widths[1:], strict=True)]
+    return ProjectionHead([*hidden, (cfg.hidden_dim, cfg.out_dim, None, None)])
 
 
 @METHODS.register

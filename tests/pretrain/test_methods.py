@@ -174,6 +174,32 @@ def test_moco_head_bn_centres_a_shared_offset_and_is_off_by_default():
     assert feature_std(with_bn.head(f)).item() > 5 * feature_std(plain.head(f)).item()
 
 
+@pytest.mark.parametrize("head_bn", [False, True])
+def test_moco_head_layers_counts_the_heads_linear_layers_and_two_is_moco_v2s(head_bn):
+    """``head_layers`` (issue 38's experiment): the head is that many linear layers, f -> hidden ... -> out
+    with a ReLU (and with ``head_bn`` a BatchNorm) after each hidden one; the default 2 is MoCo-v2's head,
+    parameter for parameter, so checkpoints and resumed runs from before the setting load unchanged."""
+    def layers(head):
+        return [(m.in_features, m.out_features) for m in head.modules() if isinstance(m, torch.nn.Linear)]
+
+    cfg = MoCoV2Config(hidden_dim=16, out_dim=8, bank_size=16, head_bn=head_bn)
+    two = MoCoV2(_tiny_backbone(), cfg)
+    three = MoCoV2(_tiny_backbone(), MoCoV2Config(hidden_dim=16, out_dim=8, bank_size=16, head_bn=head_bn,
+                                                  head_layers=3))
+    f = two.backbone.feature_dim
+    assert MoCoV2Config().head_layers == 2 and layers(two.head) == [(f, 16), (16, 8)]
+    assert layers(three.head) == [(f, 16), (16, 16), (16, 8)] == layers(three.key_head)
+    relus = [m for m in three.head.modules() if isinstance(m, torch.nn.ReLU)]
+    norms = [m for m in three.head.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    assert len(relus) == 2 and len(norms) == (2 if head_bn else 0)
+    if not head_bn:  # MoCo-v2's head as lightly builds it, state-dict key for key
+        from lightly.models.modules import MoCoProjectionHead
+
+        assert two.head.state_dict().keys() == MoCoProjectionHead(f, 16, 8).state_dict().keys()
+    with pytest.raises(ValueError, match="head_layers"):
+        MoCoV2Config(head_layers=1)
+
+
 def test_uniformity_equals_the_pairwise_mean_and_is_zero_for_one_direction():
     """Wang & Isola's uniformity (eq. 5) against a loop over the ordered pairs; rows sharing one direction
     (any lengths) give log 1 = 0, its maximum; opposite unit rows give log exp(-2 * 4) = -8."""
