@@ -1,0 +1,57 @@
+"""bench/stage_knn.py (issue 38's per-stage diagnostic): its last stage is the fair probe's kNN, its
+earlier stages are not, and a wrong label shows in its confusions."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pretrain.backbones import create_backbone
+from pretrain.probe import ProbeData, digits, probe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def stages():
+    sys.path.insert(0, str(REPO / "bench"))  # it imports bench/knn_transforms.py, as a script beside it would
+    spec = importlib.util.spec_from_file_location("stage_knn", REPO / "bench" / "stage_knn.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def small_digits():
+    train_x, train_y, test_x, test_y = digits(16)
+    return ProbeData(train_x[:300], train_y[:300], test_x[:100], test_y[:100], n_classes=10)
+
+
+@pytest.mark.parametrize("folds", [0, 3])
+def test_the_last_stage_is_the_fair_probes_knn(stages, small_digits, folds):
+    torch.manual_seed(0)
+    backbone = create_backbone("resnet20", width=0.5)
+    data = ProbeData(*(getattr(small_digits, f) for f in ("train_x", "train_y", "test_x", "test_y")),
+                     n_classes=10, folds=folds)
+    out = stages.knn_by_stage(backbone, data, 16)
+    assert out["layer3"] == round(100 * probe(backbone, data, 16, linear=False)["knn_acc"], 2)
+    assert out["layer1"] != out["layer3"]  # the hooks read other stages, not the output thrice
+    assert sum(out["confusions"].values()) <= data.n_scored - out["layer3"] * data.n_scored / 100 + 1e-6
+
+
+def test_confusions_name_the_mixed_pairs(stages, small_digits):
+    """Every test label moved one class on (y -> y + 1 mod 10): the kNN still calls most images by what
+    they show, so the most mixed pairs are neighbours (k, k + 1), and the shifted labels' score is what the
+    true labels' errors leave."""
+    torch.manual_seed(0)
+    d = small_digits
+    backbone = create_backbone("resnet20", width=0.5)
+    shifted = stages.knn_by_stage(backbone, ProbeData(d.train_x, d.train_y, d.test_x, (d.test_y + 1) % 10,
+                                                      n_classes=10), 16)
+    true = stages.knn_by_stage(backbone, d, 16)
+    assert true["layer3"] > 3 * shifted["layer3"]
+    for pair in shifted["confusions"]:
+        i, j = map(int, pair.split("/"))
+        assert j - i in (1, 9), shifted["confusions"]
