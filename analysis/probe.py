@@ -16,6 +16,7 @@ probe); this command reads checkpoints, loads the dataset, prints a table and wr
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,21 @@ def sampling_line(rows: list[dict], data: ProbeData) -> str:
             f"under twice that may be the images' draw")
 
 
+def baseline_line(rows: list[dict]) -> str | None:
+    """How far the random baseline's mean itself may sit from the inits' own mean: its standard error over
+    the seeds, std / sqrt(n) (None for one seed). Issue 38: ResNet20's random inits 0-2 score 1.2 points
+    below the mean of inits 0-9 on the CIFAR-10 probe set's kNN (docs/pretraining.md, "Ten random inits,
+    not three"), so a margin over random + 3 of that size is the seeds' draw as much as the checkpoint's."""
+    b = rows[0]["random_init"]
+    n = len(b["seeds"])
+    if n < 2:
+        return None
+    se = {k: 100 * b[f"{k}_std"] / math.sqrt(n) for k in ("knn_acc", "linear_acc")}
+    return (f"the random mean's own standard error over {n} inits (std / sqrt({n})): "
+            f"kNN ±{se['knn_acc']:.1f}, linear ±{se['linear_acc']:.1f} points; a margin under twice that may "
+            f"be the inits' draw (--seeds 10 narrows it)")
+
+
 def check_checkpoints(paths: list[str]) -> None:
     """Every checkpoint loads (CheckpointError names the first that does not), before anything is written."""
     for path in paths:
@@ -148,6 +164,8 @@ def cmd_probe(args: argparse.Namespace) -> None:
         if r["verdict"]:
             print(f"  {Path(r['checkpoint']).name}: {r['verdict']}")
     print(sampling_line(rows, data))
+    if line := baseline_line(rows):
+        print(line)
     write_json(out / "probe.json", {"dataset": args.dataset, "bn": args.bn, "folds": data.folds,
                                     "n_test": data.n_scored, "rows": rows})
     print(f"wrote {out / 'probe.json'}")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
+import statistics
 
 import pytest
 import torch
@@ -77,6 +79,10 @@ def test_pretrain_logs_the_probe_and_analyze_probes_the_checkpoint(tmp_path, cap
     # the gain is against the random mean, and the sampling line gives the test set's own error (digits: 360)
     assert row["gain"]["knn_acc"] == pytest.approx(row["probe"]["knn_acc"] - row["random_init"]["knn_acc"])
     assert record["n_test"] == 360 and "on these 360 test images" in printed
+    # and the random mean's own error over its 3 inits, std / sqrt(3), from the recorded per-seed rows
+    knn = [100 * s["knn_acc"] for s in row["random_init"]["seeds"]]
+    se = statistics.stdev(knn) / math.sqrt(3)
+    assert len(knn) == 3 and f"standard error over 3 inits (std / sqrt(3)): kNN ±{se:.1f}," in printed
 
 
 def test_analyze_probe_folds_scores_every_digit_and_refuses_one_fold(tmp_path, capsys):
@@ -89,6 +95,7 @@ def test_analyze_probe_folds_scores_every_digit_and_refuses_one_fold(tmp_path, c
                     "--out", str(tmp_path / "an")]) == 0
     record = json.loads((tmp_path / "an" / "probe.json").read_text())
     printed = capsys.readouterr().out
+    assert "standard error over" not in printed  # one random init has no spread to report
     assert record["folds"] == 3 and record["n_test"] == 1797  # digits' 1,437 train and 360 test images
     assert "over all 1797 train and test images (3-fold cross-validation)" in printed
     (row,) = record["rows"]
