@@ -1,23 +1,16 @@
 """bench/feature_colour.py (issue 38's colour diagnostic): its targets and its read-out can fail."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.analysis.bench_scripts import bench_script
 
 
 @pytest.fixture(scope="module")
 def colour():
-    sys.path.insert(0, str(REPO / "bench"))  # it imports bench/knn_transforms.py, as a script beside it would
-    spec = importlib.util.spec_from_file_location("feature_colour", REPO / "bench" / "feature_colour.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("feature_colour")
 
 
 def _flat(rgb, n=1, side=4):

@@ -1,26 +1,18 @@
 """bench/stage_knn.py (issue 38's per-stage diagnostic): its last stage is the fair probe's kNN, its
 earlier stages are not, and a wrong label shows in its confusions."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from pretrain.backbones import create_backbone
 from pretrain.probe import ProbeData, digits, probe
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.analysis.bench_scripts import bench_script
 
 
 @pytest.fixture(scope="module")
 def stages():
-    sys.path.insert(0, str(REPO / "bench"))  # it imports bench/knn_transforms.py, as a script beside it would
-    spec = importlib.util.spec_from_file_location("stage_knn", REPO / "bench" / "stage_knn.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("stage_knn")
 
 
 @pytest.fixture(scope="module")
