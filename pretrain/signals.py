@@ -35,6 +35,15 @@ def _is_conv_weight(name: str, value: Tensor) -> bool:
     return name.endswith("weight") and value.ndim >= 2 and value.is_floating_point()
 
 
+def deepest_stage(names: list[str], values: list[Tensor]) -> str:
+    """The deepest stage of a backbone: the stage of its last conv or linear weight, the one whose cosine
+    to init :func:`verdict` reads."""
+    stages = [stage_of(n) for n, v in zip(names, values, strict=True) if _is_conv_weight(n, v)]
+    if not stages:
+        raise ValueError("no conv or linear weight: the backbone has no stage to name")
+    return stages[-1]
+
+
 def _weights(state: dict[str, Tensor]) -> dict[str, list[Tensor]]:
     """Conv and linear weights per stage, in order."""
     stages: dict[str, list[Tensor]] = {}

@@ -53,7 +53,7 @@ from .rankme import FALL_EPOCHS, RANK_PAIRS, RankWatch, falling
 from .recipe import PretrainConfig, RunOptions
 from .schedules import LR_SCHEDULES, cosine_lr, warmup  # noqa: F401 (cosine_lr re-exported)
 from .session import check_shared, lock_run, start_run
-from .signals import flat, scale_weights, summary, verdict, weight_drift
+from .signals import deepest_stage, flat, scale_weights, stage_of, summary, verdict, weight_drift
 from .sources import SOURCES
 
 _NAN_CHECK_EVERY = 16  # steps between finiteness checks (each one synchronises a GPU)
@@ -99,8 +99,28 @@ def make_optimizer(method: Method, cfg: PretrainConfig) -> tuple[torch.optim.SGD
     """SGD over the method's groups; the base lr is per 256 samples, scaled linearly with the batch."""
     mcfg = method.cfg
     lr = mcfg.lr * cfg.batch_size / 256
-    groups = [dict(g, lr=lr) for g in method.param_groups()]
+    groups = [dict(g, lr=lr, lr_scale=1.0) for g in method.param_groups()]
+    if mcfg.last_stage_lr != 1:
+        groups = _split_last_stage(groups, method.backbone, mcfg.last_stage_lr)
+    for g in groups:
+        g["lr"] = lr * g["lr_scale"]
     return torch.optim.SGD(groups, lr=lr, momentum=mcfg.momentum, weight_decay=mcfg.weight_decay), lr
+
+
+def _split_last_stage(groups: list[dict], backbone: torch.nn.Module, scale: float) -> list[dict]:
+    """``groups`` with the backbone's deepest stage moved out of each into a group of its own whose rate is
+    ``scale`` times the schedule's (``last_stage_lr``); the first group stays first (the logged rate)."""
+    named = list(backbone.named_parameters())
+    stage = deepest_stage([n for n, _ in named], [p for _, p in named])
+    deep = {id(p) for n, p in named if stage_of(n) == stage}
+    out, split = [], []
+    for g in groups:
+        rest = [p for p in g["params"] if id(p) not in deep]
+        mine = [p for p in g["params"] if id(p) in deep]
+        out.append(dict(g, params=rest))
+        if mine:
+            split.append(dict(g, params=mine, lr_scale=g["lr_scale"] * scale))
+    return [g for g in out if g["params"]] + split
 
 
 def set_lr(optimizer: torch.optim.Optimizer, base: float, epoch: int, epochs: int,
@@ -109,7 +129,7 @@ def set_lr(optimizer: torch.optim.Optimizer, base: float, epoch: int, epochs: in
     but the ``fixed_lr`` ones, which keep ``base``; returns it."""
     lr = LR_SCHEDULES[schedule](base, epoch, epochs)
     for group in optimizer.param_groups:
-        group["lr"] = base if group["fixed_lr"] else lr
+        group["lr"] = (base if group["fixed_lr"] else lr) * group.get("lr_scale", 1.0)
     return lr
 
 

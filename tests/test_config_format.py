@@ -175,7 +175,8 @@ _ADDED_AFTER = {2: {"mocov2": ("head_bn",)}, 3: {"mocov2": ("keep",)},
                     for m in ("mocov2", "simsiam", "multilabel", "supervised")},
                 6: {"mocov2": ("bank_start",)}, 7: {"mocov2": ("feature_uniformity",)},
                 8: {"mocov2": ("symmetric",)}, 9: {m: ("background_p",) for m in ("mocov2", "simsiam")},
-                10: {}, 11: {"mocov2": ("head_layers",)}}
+                10: {}, 11: {"mocov2": ("head_layers",)},
+                12: {m: ("last_stage_lr",) for m in ("mocov2", "simsiam", "multilabel", "supervised")}}
 _PRETRAIN_AFTER = {9: ("colours",), 10: ("flips",)}  # the pretrain table's settings format N -> N + 1 added
 _SMALL = {"mocov2": ["--set", "hidden_dim=8", "--set", "bank_size=32"], "simsiam": ["--set", "hidden_dim=8"]}
 
@@ -187,15 +188,16 @@ _SMALL = {"mocov2": ["--set", "hidden_dim=8", "--set", "bank_size=32"], "simsiam
                           (6, "mocov2", "bank_start", "random"), (7, "mocov2", "feature_uniformity", 0.0),
                           (8, "mocov2", "symmetric", False), (9, "mocov2", "background_p", 0.0),
                           (9, "simsiam", "background_p", 0.0), (9, "mocov2", "pretrain.colours", "own"),
-                          (10, "mocov2", "pretrain.flips", "own"), (11, "mocov2", "head_layers", 2)])
+                          (10, "mocov2", "pretrain.flips", "own"), (11, "mocov2", "head_layers", 2),
+                          (12, "mocov2", "last_stage_lr", 1.0), (12, "simsiam", "last_stage_lr", 1.0)])
 def test_a_run_written_before_a_method_setting_resumes(tmp_path, capsys, monkeypatch, version, method, key,
                                                        value):
     """MoCo-v2's head_bn came in format 3, keep in format 4, the views' settings of both self-supervised
     methods in format 5, every method's lr_schedule and warmup_epochs in format 6, MoCo-v2's bank_start in
     format 7, feature_uniformity in format 8, symmetric in format 9 and the views' background_p in format 10
-    (with the pretrain table's colours), the pretrain table's flips in format 11 and MoCo-v2's head_layers in
-    format 12; an older run's method table lacks them, and --resume compares that table whole, so without the
-    steps every earlier run of the method was refused."""
+    (with the pretrain table's colours), the pretrain table's flips in format 11, MoCo-v2's head_layers in
+    format 12 and every method's last_stage_lr in format 13; an older run's method table lacks them, and
+    --resume compares that table whole, so without the steps every earlier run of the method was refused."""
     import dataclasses
 
     import pretrain.cli as pcli

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-FORMAT = 12  # the config.json format this code writes
+FORMAT = 13  # the config.json format this code writes
 FORMAT_KEY = "config_format"  # the field of config.json that names its format
 
 # Settings that format 1 records may lack (they came later), with the value the runs without them had: the
@@ -42,7 +42,8 @@ _ALGO_BEFORE = {"fedavgm": {"nesterov": False}, "fedvc": {"draw": "epoch"}}
 # feature_uniformity (format 8) after every MoCo-v2 run had trained on InfoNCE alone; its symmetric (format 9)
 # after every MoCo-v2 loss had been one-directional; the views' background_p of both self-supervised methods
 # (format 10) after every view had been drawn on a black canvas; MoCo-v2's head_layers (format 12) after
-# every MoCo-v2 head had been MoCo-v2's two layers.
+# every MoCo-v2 head had been MoCo-v2's two layers; every method's last_stage_lr (format 13) after every
+# backbone had trained at one rate throughout.
 _VIEWS = {"crop_min": 0.2, "jitter": 1.0, "jitter_p": 0.8, "grayscale_p": 0.2, "blur_p": 0.5, "flip_p": 0.5}
 _SCHEDULE = {"lr_schedule": "cosine", "warmup_epochs": 0.0}
 # Format 9 -> 10 also gave the pretrain table colours (issue 38), after every FPS view had drawn its own
@@ -54,7 +55,8 @@ _METHOD_ADDED = {2: {"mocov2": {"head_bn": False}}, 3: {"mocov2": {"keep": "quer
                  6: {"mocov2": {"bank_start": "random"}}, 7: {"mocov2": {"feature_uniformity": 0.0}},
                  8: {"mocov2": {"symmetric": False}},
                  9: {"simsiam": {"background_p": 0.0}, "mocov2": {"background_p": 0.0}}, 10: {},
-                 11: {"mocov2": {"head_layers": 2}}}
+                 11: {"mocov2": {"head_layers": 2}},
+                 12: {m: {"last_stage_lr": 1.0} for m in ("simsiam", "mocov2", "multilabel", "supervised")}}
 
 
 class FormatError(ValueError):

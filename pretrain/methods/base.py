@@ -41,6 +41,11 @@ class MethodConfig:
     warmup_epochs: float = setting(0.0, "epochs over which the lr rises linearly from 0 to the schedule's, "
                                         "set every step (0: none, the official code's; SimCLR warms up its "
                                         "first 10 epochs; issue 38)", within="[0, inf)")
+    last_stage_lr: float = setting(1.0, "multiplier of the lr on the backbone's deepest stage (ResNet20's "
+                                        "layer3): 1, the paper's; below 1 that stage turns more slowly "
+                                        "than the rest, so it stays closer to a general feature map "
+                                        "(issue 38: trained layer3 specialises to the fractal task)",
+                                   within="(0, inf)")
 
     def __post_init__(self) -> None:
         check(self, style="key")

@@ -40,7 +40,8 @@ def _renders(device: torch.device, epochs: int = 2) -> list[list[torch.Tensor]]:
 # MoCo-v2 settings that change its step ("mocov2+empty"): an empty bank's mask, the uniformity term,
 # the symmetric loss's second direction
 MOCO_VARIANTS = {"empty": {"bank_start": "empty"}, "uniformity": {"feature_uniformity": 0.5},
-                 "symmetric": {"symmetric": True}, "background": {"background_p": 0.5}}
+                 "symmetric": {"symmetric": True}, "background": {"background_p": 0.5},
+                 "last_stage": {"last_stage_lr": 0.1}}  # a group of its own at its own rate
 
 
 def _train(method_name: str, device: torch.device, make,

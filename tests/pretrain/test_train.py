@@ -16,8 +16,9 @@ from pretrain.cli import main
 from pretrain.recipe import PretrainConfig, RunOptions
 from pretrain.schedules import LR_SCHEDULES, warmup
 from pretrain.session import check_shared as _check_shared
+from pretrain.signals import stage_of
 from pretrain.sources import SOURCES
-from pretrain.train import cosine_lr, rng_states, set_rng_states, train
+from pretrain.train import build_method, cosine_lr, make_optimizer, rng_states, set_lr, set_rng_states, train
 
 TINY = {"arch": "resnet20", "width": 0.25, "size": 16, "batch_size": 8, "pairs_per_epoch": 16, "epochs": 1}
 SMALL_HEADS = {"simsiam": {"proj_dim": 32, "pred_dim": 8}, "mocov2": {"hidden_dim": 32, "bank_size": 64}}
@@ -101,6 +102,48 @@ def test_the_warm_up_sets_the_lr_of_every_step(tmp_path, monkeypatch, schedule):
     assert seen == pytest.approx(want) and seen[0] < seen[1] < seen[2]
     rows = [json.loads(x) for x in (tmp_path / "run.run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in rows] == pytest.approx(want[1::2])  # the epoch's last step's rate
+
+
+@pytest.mark.parametrize("method", sorted({m for spec in SOURCES.values() for m in spec.methods}))
+def test_last_stage_lr_scales_the_deepest_stage_alone(method):
+    """``last_stage_lr`` 0.25: every parameter in one group; layer3's (ResNet20's deepest stage) at a quarter
+    of the rate the rest of its group gets, over the cosine; the first group, whose rate is logged,
+    unscaled."""
+    cfg = dataclasses.replace(_config("fps", method, epochs=4), method_args={
+        **SMALL_HEADS.get(method, {}), "last_stage_lr": 0.25})
+    built = build_method(cfg, 8, torch.device("cpu"))
+    optimizer, base = make_optimizer(built, cfg)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    trained = [p for p in built.parameters() if p.requires_grad]
+    assert len(params) == len({id(p) for p in params}) == len(trained)
+    deep = {id(p) for n, p in built.backbone.named_parameters() if stage_of(n) == "layer3"}
+    for epoch in range(4):
+        lr = set_lr(optimizer, base, epoch, 4)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(lr)  # what metrics.jsonl logs
+        for g in optimizer.param_groups:
+            inside = {id(p) in deep for p in g["params"]}
+            assert len(inside) == 1  # a group is all deepest stage or none of it
+            unscaled = base if g["fixed_lr"] else lr
+            assert g["lr"] == pytest.approx(unscaled * (0.25 if inside == {True} else 1.0))
+    assert any(id(p) in deep for p in optimizer.param_groups[-1]["params"])
+
+
+def test_a_tiny_last_stage_lr_leaves_the_deepest_stage_at_its_init(tmp_path):
+    """The rate reaches the weights: at ``last_stage_lr`` 1e-6 layer3 keeps its init (cosine 1 and its norm,
+    no weight decay's shrink either) while conv1 turns as it does at 1; at 1 layer3 turns too."""
+    def drift(scale, name):
+        cfg = dataclasses.replace(_config("fps", "mocov2", epochs=1, init_scale=0.1), method_args={
+            **SMALL_HEADS["mocov2"], "last_stage_lr": scale})
+        train(cfg, _opts(tmp_path, name))
+        return load_checkpoint(tmp_path / f"{name}.ckpt")["signals"]["drift"]
+
+    slow, plain = drift(1e-6, "slow"), drift(1.0, "plain")
+    turned = {k: {s: 1 - d[s]["cos"] for s in ("conv1", "layer3")}
+              for k, d in (("slow", slow), ("plain", plain))}
+    assert turned["plain"]["layer3"] > 1e-6 and turned["slow"]["layer3"] < 1e-3 * turned["plain"]["layer3"]
+    assert slow["layer3"]["norm"] == pytest.approx(1, abs=1e-6)
+    assert turned["slow"]["conv1"] > 1e-6
+    assert turned["slow"]["conv1"] == pytest.approx(turned["plain"]["conv1"], rel=0.2)
 
 
 @pytest.mark.parametrize("source,method", [(s, m) for s, spec in SOURCES.items() for m in spec.methods])
