@@ -4,6 +4,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from pretrain.probe import ProbeData, digits
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -16,3 +18,10 @@ def bench_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def digits_subset(folds: int = 0):
+    """300 training and 100 test images of sklearn's digits at 16 px, the bench diagnostics' probe set,
+    split as ``folds`` says (0: that split)."""
+    train_x, train_y, test_x, test_y = digits(16)
+    return ProbeData(train_x[:300], train_y[:300], test_x[:100], test_y[:100], n_classes=10, folds=folds)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pretrain.backbones import create_backbone
-from pretrain.probe import ProbeData, digits, probe
-from tests.analysis.bench_scripts import bench_script
+from pretrain.probe import ProbeData, probe
+from tests.analysis.bench_scripts import bench_script, digits_subset
 
 
 @pytest.fixture(scope="module")
@@ -17,8 +17,7 @@ def stages():
 
 @pytest.fixture(scope="module")
 def small_digits():
-    train_x, train_y, test_x, test_y = digits(16)
-    return ProbeData(train_x[:300], train_y[:300], test_x[:100], test_y[:100], n_classes=10)
+    return digits_subset()
 
 
 @pytest.mark.parametrize("folds", [0, 3])
