@@ -26,6 +26,7 @@ from federated.cli import main as federate
 from federated.experiment import FederateConfig, RunOptions
 from federated.runner import run
 from fpsfl.base.checkpoint import make_checkpoint, save_checkpoint
+from fpsfl.base.device import cpu_record, device_name
 from fpsfl.base.rundir import CRASH_ENV, RunDir, RunDirError
 from pretrain.backbones import create_backbone
 from pretrain.cli import main as pretrain
@@ -345,6 +346,16 @@ def test_a_run_records_the_cpu_threads_its_sums_depend_on(tmp_path):
         for n in (1, 2):
             torch.set_num_threads(n)
             RunDir(tmp_path / str(n)).create({"a": 1}, {})
-            assert json.loads((tmp_path / str(n) / "config.json").read_text())["threads"] == n
+            record = json.loads((tmp_path / str(n) / "config.json").read_text())
+            assert record["threads"] == n and record["cpu"] == cpu_record()
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_run_records_the_cpu_whose_kernels_made_its_sums():
+    # same-seed CPU runs on two hosts differed (docs/pretraining.md): the record names the CPU and the
+    # vector extensions torch picked kernels for, which the thread count alone does not
+    cpu = cpu_record()
+    assert cpu["capability"] == torch.backends.cpu.get_cpu_capability() and cpu["capability"]
+    assert cpu["model"] and set(cpu) == {"model", "family", "model_number", "capability"}
+    assert device_name("cpu").startswith(f"cpu: {cpu['model']}, ")

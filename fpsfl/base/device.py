@@ -51,10 +51,25 @@ def device_name(name: str) -> str:
     device = resolve_device(name)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    model = platform.machine()
+    return f"cpu: {cpu_record()['model']}, {torch.get_num_threads()} threads"
+
+
+def cpu_record() -> dict:
+    """The CPU a run's sums came from: its model and family as ``/proc/cpuinfo`` names them, and the vector
+    extensions (``AVX2``, ``AVX512``, ...) torch chose kernels for. Same-seed CPU runs on two hosts of one
+    model name differed (docs/pretraining.md): this lets the next such pair be told apart."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model") and key not in info:
+                    info[key] = value.strip()
+                if not line.strip() and info:
+                    break  # the first processor's block is enough
     except OSError:
         pass
-    return f"cpu: {model}, {torch.get_num_threads()} threads"
+    return {"model": info.get("model name", platform.processor() or platform.machine()),
+            "family": info.get("cpu family", ""), "model_number": info.get("model", ""),
+            "capability": torch.backends.cpu.get_cpu_capability()}

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from .checkpoint import load_weights_only, plain
+from .device import cpu_record
 from .files import (
     CRASH_ENV,
     LockedError,
@@ -64,6 +65,7 @@ DIGEST, DIGEST_LINES = "metrics_sha256", "metrics_lines"
 RUN_FILES = re.compile(r"config\.json|metrics\.jsonl|state\.pt|final\.pt|partition\.(json|png)|probe")
 LOCAL_FILES = re.compile(r"global\.pt|client_\d+\.pt")  # RUN/local/round_NNNN/
 __all__ = ["CRASH_ENV", "RunDir", "RunDirError", "RunFlags"]  # CRASH_ENV: the tests' hook (fpsfl.base.files)
+
 
 
 class RunDirError(ValueError):
@@ -249,7 +251,9 @@ class RunDir:
         record = {FORMAT_KEY: FORMAT, "config": plain(config), "run": plain({k: str(v) for k, v in
                   options.items()}), "code_version": code_version(), "torch": torch.__version__,
                   "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                  "threads": torch.get_num_threads()}  # a CPU step's sums depend on it (docs/pretraining.md)
+                  # a CPU step's sums depend on the thread count and on the kernels the CPU's vector
+                  # extensions select (docs/pretraining.md, "reproducible"): both are recorded
+                  "threads": torch.get_num_threads(), "cpu": cpu_record()}
         self._write_text(self.config_path, json.dumps(record, indent=2) + "\n")
         self._digest = None
         return 0
