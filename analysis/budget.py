@@ -160,7 +160,7 @@ def plot_budget(result: dict, path: Path, dataset: str) -> None:
     _band(px, base, "linear_acc", "C1", f"random init, linear, {n} seeds")
     fair = "BatchNorm re-estimated" if base["bn"] == "reestimate" else "eval-mode BatchNorm (unfair)"
     px.set(xscale="log", xlabel="FPS pairs seen", ylabel=f"{dataset} test accuracy (%)",
-           title=f"frozen-feature probes on {dataset} ({fair}), mean ± std")
+           title=f"frozen-feature probes on {dataset}\n({fair}), mean ± std")  # two lines: one is clipped
     _errorbar(sx, x, points, "rankme", 1, fmt="-o", color="C2", label="RankMe (held-out fractal views)")
     sx.set(xscale="log", xlabel="FPS pairs seen", ylabel="RankMe of the backbone's features",
            title="label-free signals at the checkpoint")
