@@ -73,3 +73,10 @@ def cpu_record() -> dict:
     return {"model": info.get("model name", platform.processor() or platform.machine()),
             "family": info.get("cpu family", ""), "model_number": info.get("model", ""),
             "capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def software_and_host() -> dict:
+    """What a run's ``config.json`` records of where it ran: torch and Python versions, and the thread count
+    and CPU, on both of which a CPU step's sums depend (docs/pretraining.md, "Four times the budget")."""
+    return {"torch": torch.__version__, "python": platform.python_version(),
+            "threads": torch.get_num_threads(), "cpu": cpu_record()}

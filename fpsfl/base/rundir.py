@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -36,10 +35,8 @@ from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .checkpoint import load_weights_only, plain
-from .device import cpu_record
+from .device import software_and_host
 from .files import (
     CRASH_ENV,
     LockedError,
@@ -65,7 +62,6 @@ DIGEST, DIGEST_LINES = "metrics_sha256", "metrics_lines"
 RUN_FILES = re.compile(r"config\.json|metrics\.jsonl|state\.pt|final\.pt|partition\.(json|png)|probe")
 LOCAL_FILES = re.compile(r"global\.pt|client_\d+\.pt")  # RUN/local/round_NNNN/
 __all__ = ["CRASH_ENV", "RunDir", "RunDirError", "RunFlags"]  # CRASH_ENV: the tests' hook (fpsfl.base.files)
-
 
 
 class RunDirError(ValueError):
@@ -249,11 +245,8 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         options = asdict(opts) if is_dataclass(opts) else dict(opts)
         record = {FORMAT_KEY: FORMAT, "config": plain(config), "run": plain({k: str(v) for k, v in
-                  options.items()}), "code_version": code_version(), "torch": torch.__version__,
-                  "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                  # a CPU step's sums depend on the thread count and on the kernels the CPU's vector
-                  # extensions select (docs/pretraining.md, "reproducible"): both are recorded
-                  "threads": torch.get_num_threads(), "cpu": cpu_record()}
+                  options.items()}), "code_version": code_version(), **software_and_host(),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self._write_text(self.config_path, json.dumps(record, indent=2) + "\n")
         self._digest = None
         return 0
