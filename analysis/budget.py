@@ -147,6 +147,17 @@ def _errorbar(ax, x, points, key, scale, **kw) -> None:
     ax.errorbar(x, [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3, **kw)
 
 
+def _legend_over_twins(ax, twin) -> None:
+    """One legend for a panel and its twinx, on the twin (drawn last, so no line crosses it), in headroom
+    above every point of both: RankMe rises and the cosine falls with the budget, so a legend in any
+    corner of the panel covered one of the two curves."""
+    for a in (ax, twin):
+        lo, hi = a.get_ylim()
+        a.set_ylim(lo, hi + 0.35 * (hi - lo))
+    handles = [h for a in (ax, twin) for h in a.get_legend_handles_labels()[0]]
+    twin.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper center")
+
+
 def plot_budget(result: dict, path: Path, dataset: str) -> None:
     points, base = result["points"], result["random_init"]
     x = [p["pairs"] for p in points]
@@ -167,8 +178,7 @@ def plot_budget(result: dict, path: Path, dataset: str) -> None:
     zx = sx.twinx()
     _errorbar(zx, x, points, "deepest_cos", 1, fmt="--s", color="C4", label="deepest stage's cosine to init")
     zx.set_ylabel("cosine to init (deepest stage)")
-    sx.legend(fontsize=7, loc="upper left")
-    zx.legend(fontsize=7, loc="lower right")
+    _legend_over_twins(sx, zx)
     if fed:
         fx = axes[2]
         _errorbar(fx, x, points, "federated", 1, fmt="-o", label="FedAvg from FPS init")

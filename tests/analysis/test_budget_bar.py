@@ -29,3 +29,30 @@ def test_the_largest_budget_must_clear_random_plus_three():
 def test_a_study_of_fewer_than_two_budgets_is_judged_on_its_last(n):
     budgets = [(1, 0.30)][:n]
     assert study_bar(budgets, BASE, STD) == []
+
+
+def test_the_signal_panels_legend_covers_no_point():
+    """RankMe rising and the cosine falling, as in every budget study: no marker of either curve may sit
+    under the panel's legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analysis.budget import _legend_over_twins
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    x = [125_000 * k for k in range(1, 9)]
+    ax.plot(x, [15 + k for k in range(8)], "-o", label="RankMe")
+    twin = ax.twinx()
+    twin.plot(x, [0.93 - 0.03 * k for k in range(8)], "--s", label="cosine to init")
+    ax.set_xscale("log")
+    _legend_over_twins(ax, twin)
+    fig.canvas.draw()
+    box = twin.get_legend().get_window_extent()
+    assert len(twin.get_legend().get_texts()) == 2  # one legend names both curves
+    for a in (ax, twin):
+        for line in a.get_lines():
+            for px, py in a.transData.transform(line.get_xydata()):
+                assert not box.contains(px, py), (line.get_label(), px, py)
+    plt.close(fig)
