@@ -22,14 +22,14 @@ once per fold, so every backbone sees the same crops.
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import torch
 import torch.nn.functional as F
-from knn_transforms import add_flags, backbones, raw_features  # bench/, beside this script
+from knn_transforms import backbones, parse, raw_features  # bench/, beside this script
 from torch import Tensor, nn
 
-from analysis.probe import probe_data
 from fpsfl.base.images import resized_crop, sample_crop_boxes
 from pretrain.probe import ProbeData, knn_predict, reestimate_bn
 
@@ -76,19 +76,31 @@ def knn_crop(backbone: nn.Module, data: ProbeData, size: int, scales: tuple[floa
     return {**out, **{f"crop_inv_{s:g}": round(sum(v) / len(v), 4) for s, v in inv.items()}}
 
 
-def main() -> None:
-    import argparse
+def _scale(text: str) -> float:
+    """A smallest crop area, as a fraction of the image in (0, 1]."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not in (0, 1]")
+    return value
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_flags(parser)
-    parser.add_argument("--scales", type=float, nargs="+", default=[0.2, 0.5],
+
+def _count(text: str) -> int:
+    """A number of crops, at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is below 1")
+    return value
+
+
+def crop_flags(parser: argparse.ArgumentParser) -> None:
+    """This script's flags beside the diagnostics' shared ones (bench/knn_transforms.py)."""
+    parser.add_argument("--scales", type=_scale, nargs="+", default=[0.2, 0.5],
                         help="smallest crop areas, fractions of the image (default: 0.2, MoCo-v2's, and 0.5)")
-    parser.add_argument("--crops", type=int, default=4, help="crops averaged per image (default: 4)")
-    args = parser.parse_args()
-    if not all(0 < s <= 1 for s in args.scales) or args.crops < 1:
-        parser.error("--scales must lie in (0, 1] and --crops be at least 1")
-    torch.set_num_threads(args.threads)
-    data = probe_data(args.dataset, args.data_root, 0, args.folds)
+    parser.add_argument("--crops", type=_count, default=4, help="crops averaged per image (default: 4)")
+
+
+def main() -> None:
+    args, data = parse(__doc__, crop_flags)
     for name, backbone in backbones(args):
         out = knn_crop(backbone, data, args.input_size, tuple(args.scales), args.crops)
         print(json.dumps({"backbone": name, **out}), flush=True)

@@ -116,11 +116,13 @@ def backbones(args: argparse.Namespace):
         yield path, backbone
 
 
-def parse(doc: str) -> tuple[argparse.Namespace, ProbeData]:
-    """The parsed flags of this script or of bench/feature_colour.py (``doc``: its docstring), threads set,
-    and the probe set they name."""
+def parse(doc: str, extra=None) -> tuple[argparse.Namespace, ProbeData]:
+    """The parsed flags of this script or of a diagnostic beside it (``doc``: its docstring; ``extra``:
+    a function adding that script's own flags to the parser), threads set, and the probe set they name."""
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     add_flags(parser)
+    if extra is not None:
+        extra(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     return args, probe_data(args.dataset, args.data_root, 0, args.folds)
