@@ -22,6 +22,8 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
+from fpsfl.base.cli import Parser, run_main
+
 SIGNALS = ("layer3_cos", "knn", "linear", "digits_knn")
 
 
@@ -52,22 +54,21 @@ def holm(pvalues: list[float]) -> list[float]:
     return adjusted
 
 
-def correlations(table: dict, device: str | None = None) -> dict:
-    """Spearman's rho, p and Holm-adjusted p of the gain with each signal, over the files of ``device``
-    (every file when None)."""
+def correlations(table: dict, gain: list[float], device: str | None = None) -> dict:
+    """Spearman's rho, p and Holm-adjusted p of the per-file ``gain`` with each signal, over the files of
+    ``device`` (every file when None)."""
     keep = [i for i, f in enumerate(table["files"]) if device is None or f["device"] == device]
-    gain = [gains(table)[i] for i in keep]
     rows = {}
     for name in SIGNALS:
-        values = [table["files"][i][name] for i in keep]
-        rho, p = spearmanr(gain, values)
+        rho, p = spearmanr([gain[i] for i in keep], [table["files"][i][name] for i in keep])
         rows[name] = {"rho": round(float(rho), 3), "p": round(float(p), 3)}
     for name, adj in zip(SIGNALS, holm([rows[n]["p"] for n in SIGNALS]), strict=True):
         rows[name]["p_holm"] = round(adj, 3)
     return {"files": len(keep), "device": device or "all", **rows}
 
 
-def load(path: Path) -> dict:
+def load(path: Path) -> tuple[dict, list[float]]:
+    """The table and its per-file gains; BadTable (one line, exit code 2) when it cannot be used."""
     try:
         table = json.loads(path.read_text())
         files = table["files"]
@@ -76,29 +77,26 @@ def load(path: Path) -> dict:
                 raise BadTable(f"{f['name']}: a signal is not a finite number")
         if len(files) < 3:
             raise BadTable(f"{len(files)} files: a rank correlation needs at least 3")
-        gains(table)
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, BadTable) as err:
-        sys.exit(f"fedavg_gain: {path}: {type(err).__name__}: {err}")
-    return table
+        return table, gains(table)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise BadTable(f"{path}: {type(err).__name__}: {err}") from None
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("table", type=Path, help="the JSON table (docs/fedavg-gain.json)")
-    args = parser.parse_args(argv)
-    table = load(args.table)
-    for f, g in zip(table["files"], gains(table), strict=True):
+def report(args: argparse.Namespace) -> None:
+    table, gain = load(args.table)
+    for f, g in zip(table["files"], gain, strict=True):
         print(json.dumps({"file": f["name"], "gain": round(g, 2), **{n: f[n] for n in SIGNALS}}))
     for device in (None, "cpu"):
-        print(json.dumps(correlations(table, device)))
+        print(json.dumps(correlations(table, gain, device)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog="fedavg_gain", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("table", type=Path, help="the JSON table (docs/fedavg-gain.json)")
+    parser.set_defaults(run=report)
+    return run_main("fedavg_gain", parser, argv, (BadTable,))
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit as err:
-        if isinstance(err.code, str):  # our one-line error: exit code 2, as argparse's own
-            print(err.code, file=sys.stderr)
-            sys.exit(2)
-        raise
+    sys.exit(main())

@@ -31,13 +31,15 @@ def test_gain_is_paired_by_seed(gain):
 
 
 def test_rank_correlation_signs(gain):
-    out = gain.correlations(toy(6))
+    table = toy(6)
+    out = gain.correlations(table, gain.gains(table))
     assert out["files"] == 6
     assert out["knn"]["rho"] == pytest.approx(1.0)
     assert out["linear"]["rho"] == pytest.approx(1.0)
     assert out["layer3_cos"]["rho"] == pytest.approx(-1.0)
     assert abs(out["digits_knn"]["rho"]) < 0.5  # 70, 72, 74, 71, 73, 70
-    cpu = gain.correlations(toy(6), "cpu")  # files 1, 3, 5: digits 72, 71, 70 as the gain rises
+    # files 1, 3, 5: digits 72, 71, 70 as the gain rises
+    cpu = gain.correlations(table, gain.gains(table), "cpu")
     assert cpu["files"] == 3 and cpu["digits_knn"]["rho"] == pytest.approx(-1.0)
 
 
