@@ -6,17 +6,12 @@ import torch
 
 from pretrain.backbones import create_backbone
 from pretrain.probe import probe
-from tests.analysis.bench_scripts import bench_script, digits_subset
+from tests.analysis.bench_scripts import bench_script
 
 
 @pytest.fixture(scope="module")
 def cropper():
     return bench_script("crop_knn")
-
-
-@pytest.fixture(scope="module")
-def small_digits():
-    return digits_subset(folds=3)
 
 
 def test_knn_is_the_fair_probes_and_crops_sit_between(cropper, small_digits):

@@ -7,17 +7,12 @@ from torch import nn
 
 from pretrain.backbones import create_backbone
 from pretrain.probe import probe
-from tests.analysis.bench_scripts import bench_script, digits_subset
+from tests.analysis.bench_scripts import bench_script
 
 
 @pytest.fixture(scope="module")
 def flips():
     return bench_script("flip_knn")
-
-
-@pytest.fixture(scope="module")
-def small_digits():
-    return digits_subset(folds=3)
 
 
 class FlipBlind(nn.Module):
