@@ -138,8 +138,9 @@ def check_checkpoints(paths: list[str]) -> None:
         load_checkpoint(path)
 
 
-def _pm(mean: float, std: float) -> str:
-    return f"{100 * mean:5.1f} ± {100 * std:3.1f}"
+def _pm(mean: float, std: float, n: int) -> str:
+    """Mean ± std in percent; one init has no spread, so no "± 0.0" that would read as a measured one."""
+    return f"{100 * mean:5.1f} ± {100 * std:3.1f}" if n > 1 else f"{100 * mean:5.1f}{'':6s}"
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
@@ -153,14 +154,15 @@ def cmd_probe(args: argparse.Namespace) -> None:
     label = ("BatchNorm re-estimated on the probe's training images" if args.bn == "reestimate" else
              "eval mode: each backbone's own BatchNorm statistics, NOT a fair comparison")
     print(f"probe on {args.dataset} ({label}; scored {scored_text(data)})")
+    which = f"seed {seeds[0]}" if len(seeds) == 1 else f"{len(seeds)} seeds"  # one: e.g. a run's own init
     print(f"{'checkpoint':36s} {'kNN':>7s} {'linear':>7s} {'cos init':>9s}   random init "
-          f"({len(seeds)} seeds): {'kNN':>11s} {'linear':>11s}")
+          f"({which}): {'kNN':>11s} {'linear':>11s}")
     for r in rows:
         p, b = r["probe"], r["random_init"]
         cos = f"{r['deepest_cos']:.4f}" if r["deepest_cos"] is not None else "–"
         print(f"{Path(r['checkpoint']).name:36s} {100 * p['knn_acc']:6.1f}% {100 * p['linear_acc']:6.1f}% "
-              f"{cos:>9s}   {'':>24s}{_pm(b['knn_acc'], b['knn_acc_std'])} "
-              f"{_pm(b['linear_acc'], b['linear_acc_std'])}")
+              f"{cos:>9s}   {'':>24s}{_pm(b['knn_acc'], b['knn_acc_std'], len(seeds))} "
+              f"{_pm(b['linear_acc'], b['linear_acc_std'], len(seeds))}")
         if r["verdict"]:
             print(f"  {Path(r['checkpoint']).name}: {r['verdict']}")
     print(sampling_line(rows, data))

@@ -96,6 +96,7 @@ def test_analyze_probe_folds_scores_every_digit_and_refuses_one_fold(tmp_path, c
     record = json.loads((tmp_path / "an" / "probe.json").read_text())
     printed = capsys.readouterr().out
     assert "standard error over" not in printed  # one random init has no spread to report
+    assert "random init (seed 0):" in printed and "± 0.0" not in printed  # named, and no made-up spread
     assert record["folds"] == 3 and record["n_test"] == 1797  # digits' 1,437 train and 360 test images
     assert "over all 1797 train and test images (3-fold cross-validation)" in printed
     (row,) = record["rows"]
