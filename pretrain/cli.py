@@ -103,13 +103,12 @@ def cmd_train(args: argparse.Namespace) -> None:
     if file_source != source or method != (file_method_name or method):  # the file's settings are another's
         file_method = {}
     values = {**file, **settings_from(args, PretrainConfig)}
-    if applies:
-        values.setdefault("init_scale", preset.init_scale)
+    preset_values, preset_args = preset.settings(source, method) if applies else ({}, {})
+    values = {**preset_values, **values}
     if "folder" in spec.groups and not values.get("root"):
         raise UsageError(f"pretrain {args.command} needs --root DIR (an image folder)")
     if not spec.rendered:
         values["pairs_per_epoch"] = 1  # an epoch is one pass over the folder
-    preset_args = preset.method_args if applies and method == preset.method else {}
     method_args = {**preset_args, **file_method, **_method_args(args.set, args.lr)}
     cfg = PretrainConfig(source=source, method=method, method_args=method_args, **values)
     if spec.rendered and cfg.size < 16:
@@ -143,8 +142,11 @@ def check_apart(out: Path, run_dir: Path) -> None:
 
 
 def _recipe_sets(recipe) -> str:
-    """A recipe's method settings as the --set flags that give them: ' --set temperature=0.5'."""
-    return "".join(f" --set {k}={v}" for k, v in recipe.method_args.items())
+    """A recipe's settings as the flags that give them: ' --set temperature=0.5', and those of fps's pairs."""
+    sets = "".join(f" --set {k}={v}" for k, v in recipe.method_args.items())
+    fields = {f.name for f in dataclasses.fields(PretrainConfig)}
+    pairs = " ".join(f"--{k} {v}" if k in fields else f"--set {k}={v:g}" for k, v in recipe.pairs.items())
+    return sets + (f" (fps: {pairs})" if pairs else "")
 
 
 def _add_source_command(sub, name: str) -> None:
@@ -156,7 +158,7 @@ def _add_source_command(sub, name: str) -> None:
     add_settings(p, PretrainConfig, skip=unused)
     if RECIPES[DEFAULT_RECIPE].method in spec.methods:
         p.add_argument("--recipe", choices=tuple(RECIPES), default=None,
-                       help="defaults of --method, its settings and --init-scale: "
+                       help="defaults of --method, its settings, --init-scale and (fps) how pairs are made: "
                             + "; ".join(f"{k}: {r.method}{_recipe_sets(r)}, init x{r.init_scale:g}, {r.text}"
                                         for k, r in RECIPES.items())
                             + f" (default: {DEFAULT_RECIPE}; with --config, the file's run's own)")

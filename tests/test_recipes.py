@@ -89,9 +89,9 @@ def test_an_interrupted_pretraining_is_resumed_not_used(tmp_path):
     ckpt = tmp_path / "pretrain" / "fps.ckpt"
     args = "fps --arch resnet20 --width 0.25 --size 32 --pairs-per-epoch 32 --batch-size 16"
     recipe = RECIPES[DEFAULT_RECIPE]  # what `pretrain fps` gives without --recipe
+    values, method_args = recipe.settings("fps", recipe.method)
     cfg = PretrainConfig(arch="resnet20", width=0.25, size=32, epochs=2, pairs_per_epoch=32, batch_size=16,
-                         method=recipe.method, init_scale=recipe.init_scale,
-                         method_args=dict(recipe.method_args))
+                         method=recipe.method, method_args=method_args, **values)
     ckpt.parent.mkdir()  # as the pretrain command does before it trains
     train(cfg, RunOptions(out=ckpt, run_dir=ckpt.with_suffix(".run"), device="cpu", progress=False,
                           stop_after=1))  # killed after its first epoch: the checkpoint says epoch 1 of 2

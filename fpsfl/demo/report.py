@@ -157,6 +157,7 @@ def _agrees(change: float, noise: float, within: str) -> str:
 def pretraining_line(out: Path) -> str:
     """The demo's pre-training run in one line: pairs seen, how far the backbone moved from its init (the
     verdict when it did not), the label-free signals and the fair digits probe (issue 38)."""
+    from fpsfl.base.images import AugmentConfig
     from pretrain.signals import summary, unflat, verdict
 
     rows = [json.loads(line) for line in (out / "fps.run" / "metrics.jsonl").read_text().splitlines()]
@@ -171,8 +172,12 @@ def pretraining_line(out: Path) -> str:
     rank = (f" Centred RankMe on held-out fractal views {rows[0]['rankme_init']:.1f} at init, "
             f"{last['rankme']:.1f} after." if "rankme" in last and "rankme_init" in rows[0] else "")
     scale = recipe.get("init_scale", 1)
-    return (f"Pre-training (FPS + {recipe['method']}, ResNet20, 32 px, init x{scale:g}): {len(rows)} "
-            f"epochs × {recipe['pairs_per_epoch']:,} pairs, last epoch's loss {last['loss']:.3f}. "
+    flip_p = recipe.get("method_args", {}).get("flip_p", AugmentConfig().flip_p)
+    pairs = (f"colours {recipe.get('colours', 'own')}, fractal flips {recipe.get('flips', 'own')}, "
+             f"view flip p {flip_p:g}")  # how the pairs were made (--recipe aligned aligns the views)
+    return (f"Pre-training (FPS + {recipe['method']}, ResNet20, 32 px, init x{scale:g}; {pairs}): "
+            f"{len(rows)} epochs × {recipe['pairs_per_epoch']:,} pairs, last epoch's loss "
+            f"{last['loss']:.3f}. "
             f"Cosine to init (norm ratio) per stage: {summary(drift) if drift else 'not recorded'}"
             + (f"; **the checkpoint is {moved}**, so the FPS row below measures no pre-training." if moved
                else ".") + rank + probe)

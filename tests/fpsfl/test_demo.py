@@ -81,3 +81,23 @@ def test_pretraining_step_names_the_method_pretrain_runs_by_default(tmp_path):
     shown = {"simsiam": "SimSiam", "mocov2": "MoCo-v2"}.get(method, method)
     name = plan(tmp_path, BUDGETS["default"], "cpu")[0].name
     assert shown in name and f"--recipe {DEFAULT_RECIPE}" in name
+
+
+def test_the_report_says_how_the_pairs_were_made(tmp_path):
+    """The report's pre-training line names the views' colours and flips, read from the run's own record:
+    ``--recipe aligned`` and ``short`` differ only there, and their FPS rows are not the same experiment."""
+    import json
+
+    from fpsfl.demo.report import pretraining_line
+
+    run = tmp_path / "fps.run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "loss": 9.5, "cos_init/layer3": 0.7,
+                                                   "norm_ratio/layer3": 1.3}) + "\n")
+    table = {"method": "mocov2", "pairs_per_epoch": 64, "init_scale": 0.1,
+             "method_args": {"temperature": 0.5}}
+    for extra, said in (({}, "colours own, fractal flips own, view flip p 0.5"),
+                        ({"colours": "shared", "flips": "none", "method_args": {"flip_p": 0.0}},
+                         "colours shared, fractal flips none, view flip p 0")):
+        (run / "config.json").write_text(json.dumps({"config": {"pretrain": {**table, **extra}}}))
+        assert f"init x0.1; {said}): 1 epochs" in pretraining_line(tmp_path)

@@ -15,7 +15,7 @@ class _Captured(Exception):
     pass
 
 
-def _config(monkeypatch, tmp_path, *flags: str):
+def _config(monkeypatch, tmp_path, *flags: str, command: str = "fps"):
     seen = {}
 
     def capture(cfg, opts):
@@ -24,17 +24,39 @@ def _config(monkeypatch, tmp_path, *flags: str):
 
     monkeypatch.setattr(pcli, "train", capture)
     with pytest.raises(_Captured):
-        pcli.main(["fps", *flags, "--out", str(tmp_path / "x.ckpt"), "--device", "cpu"])
+        pcli.main([command, *flags, "--out", str(tmp_path / "x.ckpt"), "--device", "cpu"])
     return seen["cfg"]
 
 
 def test_the_default_recipe_sets_its_method_and_settings(monkeypatch, tmp_path):
     recipe = RECIPES[DEFAULT_RECIPE]
     cfg = _config(monkeypatch, tmp_path)
+    values, args = recipe.settings("fps", recipe.method)
     assert cfg.method == recipe.method and cfg.init_scale == recipe.init_scale
-    assert cfg.method_args == dict(recipe.method_args)
-    for key, value in recipe.method_args.items():  # and the method runs with them
+    assert all(getattr(cfg, k) == v for k, v in values.items())
+    assert cfg.method_args == args and set(recipe.method_args) <= set(args)
+    for key, value in args.items():  # and the method runs with them
         assert getattr(cfg.method_config(), key) == value
+
+
+def test_the_aligned_recipe_aligns_the_views_of_fps_pairs_only(monkeypatch, tmp_path):
+    """``aligned`` colours a pair alike, places its fractals as rendered and turns the view flip off on
+    fps; fractal-single's two views of one fractal keep the defaults, and a flag or --set wins."""
+    fps = _config(monkeypatch, tmp_path, "--recipe", "aligned")
+    assert (fps.colours, fps.flips, fps.method_config().flip_p) == ("shared", "none", 0.0)
+    # the docs' no-flip runs, spelled out in flags: one config, so either spelling resumes the other
+    flags = ("--colours", "shared", "--flips", "none", "--set", "flip_p=0")
+    assert fps == _config(monkeypatch, tmp_path, "--recipe", "short", *flags)
+    short = _config(monkeypatch, tmp_path, "--recipe", "short")
+    assert (short.colours, short.flips, short.method_config().flip_p) == ("own", "own", 0.5)
+    single = _config(monkeypatch, tmp_path, "--recipe", "aligned", "--method", "mocov2",
+                     command="fractal-simsiam")
+    assert single.init_scale == 0.1 and single.method_args == dict(RECIPES["aligned"].method_args)
+    assert single.method_config().flip_p == 0.5
+    mine = _config(monkeypatch, tmp_path, "--recipe", "aligned", "--colours", "own", "--set", "flip_p=0.3")
+    assert (mine.colours, mine.flips, mine.method_config().flip_p) == ("own", "none", 0.3)
+    simsiam = _config(monkeypatch, tmp_path, "--recipe", "aligned", "--method", "simsiam")
+    assert simsiam.colours == "shared" and simsiam.method_args == {}  # the pairs, not mocov2's settings
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -42,7 +64,7 @@ def test_set_and_flags_win_over_a_recipe(monkeypatch, tmp_path, name):
     recipe = RECIPES[name]
     cfg = _config(monkeypatch, tmp_path, "--recipe", name, "--set", "temperature=0.3", "--method", "mocov2",
                   "--init-scale", "0.7")
-    kept = dict(recipe.method_args) if recipe.method == "mocov2" else {}  # the recipe's other settings stay
+    kept = recipe.settings("fps", "mocov2")[1]  # the recipe's other settings stay
     assert cfg.method_args.keys() == {*kept, "temperature"} and cfg.init_scale == 0.7
     method = cfg.method_config()  # --set gives text, typed by the method's config
     assert method.temperature == 0.3
@@ -60,7 +82,8 @@ def test_set_and_the_recipe_give_one_typed_setting(monkeypatch, tmp_path):
     """``--set temperature=0.5`` is the default recipe's own setting, not the text "0.5" beside it."""
     key, value = next(iter(RECIPES[DEFAULT_RECIPE].method_args.items()))
     by_set = _config(monkeypatch, tmp_path, "--set", f"{key}={value}")
-    assert by_set.method_args == _config(monkeypatch, tmp_path).method_args == {key: value}
+    assert by_set.method_args == _config(monkeypatch, tmp_path).method_args
+    assert by_set.method_args[key] == value
     assert type(by_set.method_args[key]) is type(value)
 
 
