@@ -141,14 +141,6 @@ def check_apart(out: Path, run_dir: Path) -> None:
         raise UsageError(f"--out {out} {where} the run directory {run_dir}; put the checkpoint outside it")
 
 
-def _recipe_sets(recipe) -> str:
-    """A recipe's settings as the flags that give them: ' --set temperature=0.5', and those of fps's pairs."""
-    sets = "".join(f" --set {k}={v}" for k, v in recipe.method_args.items())
-    fields = {f.name for f in dataclasses.fields(PretrainConfig)}
-    pairs = " ".join(f"--{k} {v}" if k in fields else f"--set {k}={v:g}" for k, v in recipe.pairs.items())
-    return sets + (f" (fps: {pairs})" if pairs else "")
-
-
 def _add_source_command(sub, name: str) -> None:
     """The subcommand of one source: the recipe's flags that apply to it, --method, --lr, --set, run flags."""
     spec = SOURCES[ALIASES.get(name, name)]
@@ -159,7 +151,7 @@ def _add_source_command(sub, name: str) -> None:
     if RECIPES[DEFAULT_RECIPE].method in spec.methods:
         p.add_argument("--recipe", choices=tuple(RECIPES), default=None,
                        help="defaults of --method, its settings, --init-scale and (fps) how pairs are made: "
-                            + "; ".join(f"{k}: {r.method}{_recipe_sets(r)}, init x{r.init_scale:g}, {r.text}"
+                            + "; ".join(f"{k}: {r.method}{r.flags()}, init x{r.init_scale:g}, {r.text}"
                                         for k, r in RECIPES.items())
                             + f" (default: {DEFAULT_RECIPE}; with --config, the file's run's own)")
     else:

@@ -50,6 +50,13 @@ class Recipe:
                 args[key] = value
         return values, args
 
+    def flags(self) -> str:
+        """Its settings as the flags that give them: ' --set temperature=0.5', then those of fps's pairs."""
+        sets = "".join(f" --set {k}={v}" for k, v in self.method_args.items())
+        pairs = " ".join(f"--{k} {v}" if k in _CONFIG_FIELDS else f"--set {k}={v:g}"
+                         for k, v in self.pairs.items())
+        return sets + (f" (fps: {pairs})" if pairs else "")
+
 
 RECIPES = {
     # issue 38 (docs/pretraining.md, "Does it learn?"): at the official init and lr the backbone's weights

@@ -1,5 +1,6 @@
 """fpsfl demo at the smoke budget: every step runs, report.md and its figures exist, numbers are finite."""
 
+import json
 import math
 import re
 
@@ -86,8 +87,6 @@ def test_pretraining_step_names_the_method_pretrain_runs_by_default(tmp_path):
 def test_the_report_says_how_the_pairs_were_made(tmp_path):
     """The report's pre-training line names the views' colours and flips, read from the run's own record:
     ``--recipe aligned`` and ``short`` differ only there, and their FPS rows are not the same experiment."""
-    import json
-
     from fpsfl.demo.report import pretraining_line
 
     run = tmp_path / "fps.run"
