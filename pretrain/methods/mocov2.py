@@ -70,6 +70,23 @@ def uniformity(x: Tensor, t: float = 2.0) -> Tensor:
     return torch.logsumexp(potential.masked_fill(eye, float("-inf")).flatten(), 0) - math.log(pairs)
 
 
+def in_groups(f, x: Tensor, groups: int, interleave: bool = False) -> Tensor:
+    """f over ``groups`` groups of x's rows, each its own BatchNorm batch, the outputs back in x's order:
+    shuffled BN emulated on one process (He et al. 2020, §3.3: the MoCo reference trains batch 256 on 8 GPUs,
+    32 samples a BN batch; Chen et al. 2023 pre-trained at 32 px on one 2080 Ti, one BN batch). Contiguous blocks, or with ``interleave`` the rows
+    of each residue mod ``groups``, so that a key's group shares about 1/groups of its query's group and
+    BN cannot mark the positive. A group keeps at least two rows (BN's batch statistics need two): a short
+    last batch is split into fewer groups. Deterministic, static shapes: no RNG, no host sync."""
+    groups = min(groups, len(x) // 2)
+    if groups <= 1:
+        return f(x)
+    if not interleave:
+        return torch.cat([f(part) for part in x.tensor_split(groups)])
+    order = torch.argsort(torch.arange(len(x), device=x.device) % groups, stable=True)
+    out = torch.cat([f(part) for part in x[order].tensor_split(groups)])
+    return out[torch.argsort(order)]
+
+
 class KeyBank(MemoryBankModule):
     """lightly's memory bank (its buffers, their random init and the checkpoint's ``bank``/``bank_ptr``) with
     its write position kept on the device. lightly reads ``int(bank_ptr)`` at every update, which makes the
@@ -150,6 +167,13 @@ class MoCoV2Config(ViewsConfig):
                                      "meaning, and both key sets enter the bank): twice the backbone's work "
                                      "from each pair, an experiment of issue 38, docs/pretraining.md; "
                                      "false: MoCo-v2")
+    bn_splits: int = setting(1, "BatchNorm batches each step's batch is split into on one process, the "
+                                "keys' groups interleaved against the queries' (shuffled BN, He et al. "
+                                "2020 §3.3, emulated: without it BN can mark the positive key; the MoCo "
+                                "reference trains batch 256 on 8 GPUs, 32 a BN batch): an experiment of "
+                                "issue 38, docs/pretraining.md; 1: one BN batch, as the FPS paper's one "
+                                "2080 Ti at 32 px (Chen et al. 2023, App. C)",
+                             within="[1, inf)")
     keep: str = setting("query", "the encoder the checkpoint keeps: query (the MoCo reference) or key (its "
                                  "momentum average, as BYOL's and DINO's target): docs/pretraining.md",
                         choices=("query", "key"))
@@ -187,12 +211,12 @@ class MoCoV2(Method):
         self.bank = KeyBank(size=bank, gather_distributed=True, empty=cfg.bank_start == "empty")
 
     def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        h = self.backbone(views[0])
-        q = self.head(h)
+        h = in_groups(self.backbone, views[0], self.cfg.bn_splits)
+        q = in_groups(self.head, h, self.cfg.bn_splits)
         with torch.no_grad():
             k = self._keys(views[1])
         if self.cfg.symmetric:  # view 2 queries view 1's key; both halves see the bank as it was
-            q_back = self.head(self.backbone(views[1]))
+            q_back = in_groups(lambda x: self.head(self.backbone(x)), views[1], self.cfg.bn_splits)
             with torch.no_grad():
                 k_back = self._keys(views[0])
             loss = self.loss(torch.cat((q, q_back)), torch.cat((k, k_back)))
@@ -212,11 +236,15 @@ class MoCoV2(Method):
 
     @torch.no_grad()
     def _keys(self, x: Tensor) -> Tensor:
-        """The key encoder's output for x (B, 3, S, S); with several processes through shuffled BN."""
+        """The key encoder's output for x (B, 3, S, S); with several processes through shuffled BN, and
+        with ``bn_splits`` in BN groups interleaved against the queries'."""
+        def encode(part: Tensor) -> Tensor:
+            return in_groups(lambda y: self.key_head(self.key_backbone(y)), part, self.cfg.bn_splits,
+                             interleave=True)
         if world_size() == 1:
-            return self.key_head(self.key_backbone(x))
+            return encode(x)
         x, undo = batch_shuffle_distributed(x)
-        return batch_unshuffle_distributed(self.key_head(self.key_backbone(x)), undo)
+        return batch_unshuffle_distributed(encode(x), undo)
 
     @torch.no_grad()
     def after_step(self) -> None:

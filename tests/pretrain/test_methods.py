@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from pretrain.backbones import create_backbone
 from pretrain.methods import METHODS, ViewsConfig, feature_std, simsiam_loss
-from pretrain.methods.mocov2 import MoCoV2, MoCoV2Config, info_nce, uniformity
+from pretrain.methods.mocov2 import MoCoV2, MoCoV2Config, in_groups, info_nce, uniformity
 from pretrain.methods.simsiam import SimSiam, SimSiamConfig
 
 N_CLASSES = 5
@@ -252,6 +252,51 @@ def test_moco_symmetric_loss_is_the_mean_of_both_directions_against_the_same_ban
     written = torch.cat((k2, k1))
     assert torch.allclose(after["bank"][:8], F.normalize(written, dim=1), atol=1e-6)
     assert int(after["bank_ptr"]) == 8
+
+
+def test_in_groups_normalises_each_group_on_its_own_and_interleaves_on_request():
+    """in_groups (shuffled BN on one process): each group is its own BatchNorm batch, contiguous blocks or
+    the residues mod the group count, outputs in the input's order; a batch too short for two rows a
+    group is split into fewer; one group is the plain call."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(3).train()
+    x = torch.randn(8, 3) * 3 + 1
+    blocks, interleaved = in_groups(bn, x, 2), in_groups(bn, x, 2, interleave=True)
+    assert torch.allclose(blocks[:4], bn(x[:4])) and torch.allclose(blocks[4:], bn(x[4:]))
+    assert torch.allclose(interleaved[0::2], bn(x[0::2])) and torch.allclose(interleaved[1::2], bn(x[1::2]))
+    assert not torch.allclose(blocks, bn(x), atol=1e-3)  # the groups' statistics differ from the batch's
+    assert torch.allclose(in_groups(bn, x[:3], 2), bn(x[:3]))  # 3 rows: one group
+    assert torch.allclose(in_groups(bn, x[:6], 3, interleave=True)[0::3], bn(x[:6][0::3]))
+    assert torch.equal(in_groups(bn, x, 1), bn(x))
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_moco_bn_splits_keep_a_key_apart_from_all_but_its_own_group(splits):
+    """bn_splits (issue 38; He et al. 2020, §3.3, emulated on one process): with 4 splits of 16 rows, key 0
+    is made in a BN batch of rows 0, 4, 8, 12 and query 0 in one of rows 0-3, so another row's image moves
+    them only when it is in that group; with 1 (the default) every row moves every key and query."""
+    assert MoCoV2Config().bn_splits == 1
+    torch.manual_seed(0)
+    method = MoCoV2(_tiny_backbone(), MoCoV2Config(hidden_dim=8, bank_size=16, bn_splits=splits))
+    x = torch.randn(16, 3, 32, 32)
+
+    def moved(encode, row):
+        y = x.clone()
+        y[row] = torch.randn(3, 32, 32)
+        with torch.no_grad():
+            return not torch.allclose(encode(x)[0], encode(y)[0], atol=1e-6)
+
+    def query(v):
+        return in_groups(lambda c: method.head(method.backbone(c)), v, splits)
+
+    assert moved(method._keys, 4) and moved(query, 1)  # in the group
+    assert moved(method._keys, 1) == (splits == 1) and moved(query, 4) == (splits == 1)
+    views = torch.stack((x, torch.randn_like(x)))  # the step's loss is made of these queries and keys
+    bank = method.extra_state()["bank"]
+    loss, _ = method(views)
+    with torch.no_grad():
+        expected = info_nce(query(views[0]), method._keys(views[1]), bank, method.cfg.temperature)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_feature_std_signals_collapse():
