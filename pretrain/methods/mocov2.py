@@ -72,11 +72,12 @@ def uniformity(x: Tensor, t: float = 2.0) -> Tensor:
 
 def in_groups(f, x: Tensor, groups: int, interleave: bool = False) -> Tensor:
     """f over ``groups`` groups of x's rows, each its own BatchNorm batch, the outputs back in x's order:
-    shuffled BN emulated on one process (He et al. 2020, §3.3: the MoCo reference trains batch 256 on 8 GPUs,
-    32 samples a BN batch; Chen et al. 2023 pre-trained at 32 px on one 2080 Ti, one BN batch). Contiguous blocks, or with ``interleave`` the rows
-    of each residue mod ``groups``, so that a key's group shares about 1/groups of its query's group and
-    BN cannot mark the positive. A group keeps at least two rows (BN's batch statistics need two): a short
-    last batch is split into fewer groups. Deterministic, static shapes: no RNG, no host sync."""
+    shuffled BN emulated on one process (He et al. 2020, §3.3: the MoCo reference trains batch 256 on 8
+    GPUs, 32 samples a BN batch; Chen et al. 2023 pre-trained at 32 px on one 2080 Ti, one BN batch).
+    Contiguous blocks, or with ``interleave`` the rows of each residue mod ``groups``, so that a key's
+    group shares about 1/groups of its query's group and BN cannot mark the positive. A group keeps at
+    least two rows (BN's batch statistics need two): a short last batch is split into fewer groups.
+    Deterministic, static shapes: no RNG, no host sync."""
     groups = min(groups, len(x) // 2)
     if groups <= 1:
         return f(x)
