@@ -212,12 +212,11 @@ class MoCoV2(Method):
         self.bank = KeyBank(size=bank, gather_distributed=True, empty=cfg.bank_start == "empty")
 
     def forward(self, views: Tensor, labels: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        h = in_groups(self.backbone, views[0], self.cfg.bn_splits)
-        q = in_groups(self.head, h, self.cfg.bn_splits)
+        h, q = self._query(views[0])
         with torch.no_grad():
             k = self._keys(views[1])
         if self.cfg.symmetric:  # view 2 queries view 1's key; both halves see the bank as it was
-            q_back = in_groups(lambda x: self.head(self.backbone(x)), views[1], self.cfg.bn_splits)
+            q_back = self._query(views[1])[1]
             with torch.no_grad():
                 k_back = self._keys(views[0])
             loss = self.loss(torch.cat((q, q_back)), torch.cat((k, k_back)))
@@ -234,6 +233,12 @@ class MoCoV2(Method):
         if q.requires_grad:
             self.bank.push(F.normalize(k.detach(), dim=1))
         return loss
+
+    def _query(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The query encoder's backbone features and head output for x (B, 3, S, S), in ``bn_splits``
+        contiguous BN batches."""
+        h = in_groups(self.backbone, x, self.cfg.bn_splits)
+        return h, in_groups(self.head, h, self.cfg.bn_splits)
 
     @torch.no_grad()
     def _keys(self, x: Tensor) -> Tensor:
